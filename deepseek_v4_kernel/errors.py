@@ -1,0 +1,16 @@
+"""Exceptions shared by every op and by the patch layer."""
+
+
+class UnsupportedCase(ValueError):
+    """An input our kernel does not cover (or a malformed input).
+
+    The message names the argument and what was expected, e.g.
+    ``sparse_decode: q must be bf16 [b, s_q, h_q, 512], got float16 [2, 1, 64, 512]``.
+    The patch layer catches it and hands the call back to the original
+    implementation (logged once per distinct message); with
+    ``DSV4_KERNEL_STRICT=1`` it propagates instead.
+    """
+
+
+class ExtensionUnavailable(RuntimeError):
+    """The compiled extension (deepseek_v4_kernel/_C.so) is missing or does not load."""
