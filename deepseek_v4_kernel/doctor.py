@@ -1,0 +1,158 @@
+"""``python -m deepseek_v4_kernel doctor [--json]``: what this machine has and what the patch would do.
+
+Runs anywhere: without a GPU it reports what would happen; with one (SM12x, or any GPU with
+DSV4_KERNEL_FORCE=1) it also runs a quick self-test of every op against its float64 reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import sys
+from typing import Optional
+
+from . import __version__
+from .patch import policy
+
+_DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "triton": ("triton",),
+    "sglang": ("sglang",),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+    "deep_gemm": ("deep-gemm", "deep_gemm", "sgl-deep-gemm"),
+    "flash_mla": ("sgl-flash-mla", "flash-mla", "flash_mla"),
+    "sgl_kernel": ("sgl-kernel", "sglang-kernel"),
+}
+
+
+def _dist_version(names) -> Optional[str]:
+    from importlib import metadata
+
+    for n in names:
+        try:
+            return metadata.version(n)
+        except Exception:
+            continue
+    return None
+
+
+def _torch_info() -> dict:
+    try:
+        import torch
+    except Exception as e:
+        return {"available": False, "error": f"torch not importable: {e!r}"}
+    info = {"available": True, "version": torch.__version__, "cuda": torch.version.cuda, "cuda_available": False}
+    try:
+        if torch.cuda.is_available():
+            info["cuda_available"] = True
+            cap = torch.cuda.get_device_capability()
+            info["device"] = torch.cuda.get_device_name()
+            info["capability"] = f"sm_{cap[0]}{cap[1]}"
+            info["num_sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    except Exception as e:
+        info["error"] = repr(e)
+    return info
+
+
+def _extension_info() -> dict:
+    try:
+        from . import _ext
+
+        lib = _ext.load()
+        return {"loads": True, "path": _ext.library_path(), "archs": _ext.built_archs(lib)}
+    except Exception as e:
+        return {"loads": False, "error": f"{type(e).__name__}: {e}"}
+
+
+def _targets(import_modules: bool) -> dict:
+    """Install the patch layer here and, where asked, import each target module to see it patched."""
+    from .patch import install, report
+
+    patcher = install(announce=False)
+    import_errors = {}
+    if import_modules and patcher.active:
+        for t in patcher.targets:
+            rec = patcher.records[t]
+            if rec.status != "pending" or t.kind == "env":
+                continue
+            try:
+                importlib.import_module(t.module)
+            except Exception as e:
+                import_errors[t.module] = f"{type(e).__name__}: {e}"
+        for t in patcher.targets:
+            rec = patcher.records[t]
+            if rec.status == "pending" and t.module in import_errors:
+                rec.reason = f"module not importable here: {import_errors[t.module]}"
+    return {"active": patcher.active, "why": patcher.why, "sglang": patcher.version, "targets": report()}
+
+
+def collect(run_selftest: bool = True, import_modules: bool = True) -> dict:
+    dev = policy.device_info()
+    out = {
+        "deepseek_v4_kernel": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "nvml": {"gpus": [{"name": n, "capability": f"sm_{a}{b}"} for n, (a, b) in zip(dev.names, dev.capabilities)],
+                 "error": dev.error},
+        "versions": {k: _dist_version(v) for k, v in _DISTRIBUTIONS.items()},
+        "env": {k: os.environ.get(k) for k in (policy.DISABLE, policy.FORCE, policy.PREFER, policy.STRICT, policy.QUIET)
+                if os.environ.get(k) is not None},
+        "torch": _torch_info(),
+        "extension": _extension_info(),
+    }
+    out["patch"] = _targets(import_modules)
+    if run_selftest and out["torch"].get("cuda_available") and out["patch"]["active"]:
+        from . import selftest
+
+        out["selftest"] = selftest.run_all()
+    elif run_selftest:
+        reason = ("no CUDA device" if not out["torch"].get("cuda_available")
+                  else f"patch layer inactive ({out['patch']['why']})")
+        out["selftest"] = {"skipped": reason}
+    return out
+
+
+def format_text(d: dict) -> str:
+    lines = [f"deepseek_v4_kernel {d['deepseek_v4_kernel']}  (Python {d['python']}, {d['platform']})"]
+    gpus = d["nvml"]["gpus"]
+    lines.append("GPUs (NVML): " + (", ".join(f"{g['name']} {g['capability']}" for g in gpus) if gpus
+                                    else f"none ({d['nvml']['error']})"))
+    t = d["torch"]
+    if t.get("available"):
+        dev = f"{t.get('device')} {t.get('capability')}, {t.get('num_sms')} SMs" if t.get("cuda_available") else "no CUDA device"
+        lines.append(f"torch {t['version']} (CUDA {t['cuda']}): {dev}")
+    else:
+        lines.append(f"torch: {t.get('error')}")
+    lines.append("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in d["versions"].items()))
+    if d["env"]:
+        lines.append("env: " + ", ".join(f"{k}={v}" for k, v in d["env"].items()))
+    e = d["extension"]
+    lines.append(f"extension: loads, built for {', '.join(e['archs'])} ({e['path']})" if e["loads"]
+                 else f"extension: does not load: {e['error']}")
+    p = d["patch"]
+    lines.append(f"patch layer: {'ACTIVE' if p['active'] else 'inactive'} ({p['why']}); SGLang {p['sglang'] or 'not installed'}")
+    for r in p["targets"]:
+        lines.append(f"  [{r['status']:>8}] {r['op']:<14} {r['target']}  (SGLang {r['versions']}): {r['reason']}")
+    st = d.get("selftest")
+    if isinstance(st, dict) and "skipped" in st:
+        lines.append(f"self-test: skipped ({st['skipped']})")
+    elif st is not None:
+        lines.append("self-test:")
+        for r in st:
+            lines.append(f"  [{'PASS' if r['ok'] else 'FAIL'}] {r['op']:<14} {r['detail']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m deepseek_v4_kernel doctor", description=__doc__)
+    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ap.add_argument("--no-selftest", action="store_true", help="skip the GPU self-test")
+    args = ap.parse_args(argv)
+    d = collect(run_selftest=not args.no_selftest)
+    print(json.dumps(d, indent=2, default=str) if args.json else format_text(d))
+    st = d.get("selftest")
+    return 1 if isinstance(st, list) and not all(r["ok"] for r in st) else 0

@@ -1,0 +1,149 @@
+"""What the patch layer may do in this process: environment switches, device, SGLang version.
+
+Nothing here imports torch, SGLang or initialises CUDA: the device is read through NVML
+(libnvidia-ml, the driver's management library), which creates no CUDA context, so a
+process that forks workers after start-up is not harmed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# Switches (documented in the README).
+DISABLE = "DSV4_KERNEL_DISABLE"  # 1: install nothing at all
+FORCE = "DSV4_KERNEL_FORCE"  # 1: act on any CUDA GPU (testing on H100)
+PREFER = "DSV4_KERNEL_PREFER"  # "ours": replace SGLang's native SM120 kernels too
+STRICT = "DSV4_KERNEL_STRICT"  # 1: an uncovered case raises instead of handing back
+QUIET = "DSV4_KERNEL_QUIET"  # 1: no start-up line
+
+
+def prefer_ours() -> bool:
+    return os.environ.get(PREFER, "").strip().lower() == "ours"
+
+
+def strict() -> bool:
+    return env_flag(STRICT)
+
+
+@dataclass
+class DeviceInfo:
+    capabilities: List[Tuple[int, int]] = field(default_factory=list)
+    names: List[str] = field(default_factory=list)
+    source: str = "none"  # "nvml", "torch" or "none"
+    error: Optional[str] = None
+
+    @property
+    def has_sm12x(self) -> bool:
+        return any(major == 12 for major, _ in self.capabilities)
+
+    def describe(self) -> str:
+        if not self.capabilities:
+            return "no GPU visible to NVML"
+        caps = sorted({f"sm_{a}{b}" for a, b in self.capabilities})
+        return f"{len(self.capabilities)} GPU(s) {', '.join(caps)} ({self.names[0]})"
+
+
+def _visible_indices(count: int) -> List[int]:
+    """Indices NVML should look at, honouring CUDA_VISIBLE_DEVICES where it is numeric."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is None:
+        return list(range(count))
+    out = []
+    for tok in vis.split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        if not re.fullmatch(r"\d+", tok):  # UUIDs / MIG names: look at all devices
+            return list(range(count))
+        if int(tok) < count:
+            out.append(int(tok))
+    return out
+
+
+def _query_nvml() -> DeviceInfo:
+    info = DeviceInfo(source="nvml")
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        info.error = f"libnvidia-ml.so.1 not loadable: {e}"
+        return info
+    if nvml.nvmlInit_v2() != 0:
+        info.error = "nvmlInit_v2 failed"
+        return info
+    try:
+        count = ctypes.c_uint(0)
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            info.error = "nvmlDeviceGetCount_v2 failed"
+            return info
+        for i in _visible_indices(count.value):
+            handle = ctypes.c_void_p()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
+                continue
+            major, minor = ctypes.c_int(0), ctypes.c_int(0)
+            if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+                continue
+            name = ctypes.create_string_buffer(96)
+            nvml.nvmlDeviceGetName(handle, name, 96)
+            info.capabilities.append((major.value, minor.value))
+            info.names.append(name.value.decode(errors="replace"))
+    finally:
+        nvml.nvmlShutdown()
+    return info
+
+
+_DEVICE: Optional[DeviceInfo] = None
+
+
+def device_info() -> DeviceInfo:
+    """The GPUs this process will see (cached). Never initialises CUDA."""
+    global _DEVICE
+    if _DEVICE is None:
+        try:
+            _DEVICE = _query_nvml()
+        except Exception as e:  # never let a probe break start-up
+            _DEVICE = DeviceInfo(source="nvml", error=repr(e))
+    return _DEVICE
+
+
+def active() -> Tuple[bool, str]:
+    """Whether patches apply in this process, and why (one phrase)."""
+    if env_flag(DISABLE):
+        return False, f"disabled by {DISABLE}=1"
+    dev = device_info()
+    if dev.has_sm12x:
+        return True, f"SM12x device: {dev.describe()}"
+    if env_flag(FORCE):
+        return True, f"forced by {FORCE}=1 on {dev.describe()}"
+    return False, f"no SM12x device ({dev.describe()}); set {FORCE}=1 to patch anyway"
+
+
+def sglang_version() -> Optional[str]:
+    """Installed SGLang version from package metadata (does not import SGLang)."""
+    try:
+        from importlib import metadata
+
+        return metadata.version("sglang")
+    except Exception:
+        return None
+
+
+def parse_version(v: str) -> Tuple[int, ...]:
+    """'0.5.15.post1' -> (0, 5, 15, 1); '0.5.23rc0' -> (0, 5, 23, -1). Enough to order SGLang releases."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)(?:\.post(\d+)|(rc|a|b|dev)\d*)?", v)
+    if not m:
+        return ()
+    base = tuple(int(x) for x in m.group(1, 2, 3))
+    if m.group(4) is not None:
+        return base + (int(m.group(4)),)
+    if m.group(5) is not None:
+        return base + (-1,)
+    return base + (0,)

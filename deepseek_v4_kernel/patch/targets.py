@@ -1,0 +1,126 @@
+"""The target table: every place the patch layer touches, as data.
+
+Each row says which (module, attribute) to replace (or which gate to set), with what, for
+which SGLang versions, under which condition, and which keyword names the SGLang call site
+passes (checked against both the original and our replacement before patching).
+
+Evidence for each row (file:line in the SGLang wheels) is in docs/sglang_surface.md;
+tests/test_patch_targets.py checks every row against the real wheels.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import policy
+
+# SGLang releases surveyed (docs/sglang_surface.md). 0.5.12 is the first with DeepSeek-V4.
+SURVEYED = ("0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
+            "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+# Versions whose wheels the test-suite installs and patches for real: oldest, middle, newest.
+TESTED = ("0.5.12", "0.5.17", "0.5.23")
+
+
+@dataclass(frozen=True)
+class Target:
+    op: str  # which of our ops this serves
+    module: str  # module that owns the attribute (for kind "env": unused, "")
+    attr: str  # attribute to replace / set; for kind "env": the variable name
+    replacement: str = ""  # "package.module:function" (kind "replace")
+    first: str = "0.5.12"  # first SGLang version with this call site
+    last: Optional[str] = None  # last one; None = still there in the newest surveyed (newer ones are tried, checked)
+    params: Tuple[str, ...] = ()  # keywords the SGLang call site passes: original and ours must accept them
+    when: Optional[str] = None  # name of a CONDITIONS entry; None = always needed on SM12x
+    importers: Tuple[str, ...] = ()  # modules that `from module import attr` at their import time
+    kind: str = "replace"  # "replace" | "setattr" (module.attr = value) | "env" (environment default)
+    value: Any = None
+    note: str = ""
+
+    def version_text(self) -> str:
+        return f"{self.first}..{self.last or ''}"
+
+    def applies_to_version(self, version: Optional[str]) -> Tuple[bool, str]:
+        if version is None:
+            return False, "SGLang is not installed"
+        v = policy.parse_version(version)
+        if not v:
+            return False, f"cannot parse SGLang version {version!r}"
+        if v < policy.parse_version(self.first):
+            return False, f"SGLang {version} predates this call site (first in {self.first})"
+        if self.last is not None and v > policy.parse_version(self.last):
+            return False, f"SGLang {version} no longer has this call site (last in {self.last})"
+        return True, "in range"
+
+
+# ----------------------------------------------------------------------------- conditions
+# Each takes the imported module and returns (needed, why). Evaluated when the module is
+# imported, so it sees the module's real state.
+
+def _flashinfer_has_sm120_sparse_mla() -> bool:
+    """FlashInfer's native SM120 sparse-MLA module exists (checked on disk: importing
+    flashinfer here would be slow and could initialise CUDA)."""
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any(os.path.exists(os.path.join(p, "mla", "_sparse_mla_sm120.py")) for p in spec.submodule_search_locations)
+
+
+def sm120_sparse_decode_not_native(module) -> Tuple[bool, str]:
+    """SGLang >= 0.5.13 has its own SM120 dispatcher; replace it unless it would run FlashInfer's native kernel."""
+    backend = getattr(module, "_sm120_default_backend", None)
+    if policy.prefer_ours():
+        return True, f"{policy.PREFER}=ours (SGLang backend was {backend!r})"
+    if backend in ("triton", "torch"):
+        return True, f"SGLang would run its slow {backend} fallback"
+    if backend == "flashinfer":
+        if _flashinfer_has_sm120_sparse_mla():
+            return False, (f"SGLang runs FlashInfer's native SM120 sparse MLA kernel; "
+                           f"set {policy.PREFER}=ours to use ours")
+        return True, "SGLang's default FlashInfer backend lacks flashinfer.mla._sparse_mla_sm120"
+    return True, f"unknown SGLang SM120 backend {backend!r}"
+
+
+CONDITIONS: Dict[str, Callable[[Any], Tuple[bool, str]]] = {
+    "sm120_sparse_decode_not_native": sm120_sparse_decode_not_native,
+}
+
+# ----------------------------------------------------------------------------- the table
+_SPARSE_DECODE_KWARGS = (
+    "q", "k_cache", "head_dim_v", "softmax_scale", "indices", "topk_length", "attn_sink",
+    "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length",
+)
+
+TARGETS: Tuple[Target, ...] = (
+    # --- sparse decode ------------------------------------------------------------------
+    # 0.5.12: DeepseekV4 backend calls flash_mla.flash_mla_with_kvcache (the FlashMLA wheel),
+    # which has no SM120 kernel ("Unsupported architecture for sparse decode fwd").
+    Target(
+        op="sparse_decode", module="flash_mla.flash_mla_interface", attr="flash_mla_with_kvcache",
+        replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache",
+        first="0.5.12", last="0.5.12.post1",
+        params=_SPARSE_DECODE_KWARGS + ("block_table", "cache_seqlens", "tile_scheduler_metadata", "is_fp8_kvcache"),
+        importers=("flash_mla",),
+        note="deepseek_v4_backend.py: `import flash_mla; flash_mla.flash_mla_with_kvcache(...)` at call time",
+    ),
+    # 0.5.13-0.5.15.post1: SGLang's SM120 dispatcher in sglang.srt.layers.attention (Triton by default).
+    Target(
+        op="sparse_decode", module="sglang.srt.layers.attention.flash_mla_sm120", attr="flash_mla_with_kvcache_sm120",
+        replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache_sm120",
+        first="0.5.13", last="0.5.15.post1", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
+        note="deepseek_v4_backend.py imports it inside the forward, at call time",
+    ),
+    # 0.5.16+: the same dispatcher moved to sglang.kernels.ops.attention (FlashInfer by default).
+    Target(
+        op="sparse_decode", module="sglang.kernels.ops.attention.flash_mla_sm120", attr="flash_mla_with_kvcache_sm120",
+        replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache_sm120",
+        first="0.5.16", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
+        note="deepseek_v4_backend.py imports it inside the forward, at call time",
+    ),
+)
+
+
+def targets_for(op: str) -> Tuple[Target, ...]:
+    return tuple(t for t in TARGETS if t.op == op)
