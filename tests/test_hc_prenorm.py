@@ -1,0 +1,251 @@
+"""hc_prenorm (DeepGEMM tf32_hc_prenorm_gemm) vs the float64 reference.
+
+Tolerances (per element, A = |x| @ |fn|^T in float64, the sum of |products|):
+* out, tf32 mode: DeepGEMM rounds fn to tf32 (10 explicit mantissa bits, truncation
+  on the tensor core = relative error < 2^-10 per product; x is bf16 so exact), plus
+  fp32 accumulation -> |err| <= 1.5 * 2^-10 * A.
+* out, bf16x2 mode (default): fn = hi + lo in bf16 keeps >= 15 bits (2^-15 per
+  product, even with truncating casts), plus fp32 accumulation -> |err| <= 2^-13 * A.
+  (Under the CPU interpreter "tf32" runs as fp32, so both bounds hold a fortiori.)
+* sqrsum: squares of bf16 are exact in fp32; only fp32 summation error remains, a
+  positive sum, so relative: rtol 2e-5 (K = 16384 summed as <= 256 partials of 64).
+"""
+import os
+
+import pytest
+import torch
+
+from deepseek_v4_kernel.errors import UnsupportedCase
+from deepseek_v4_kernel.reference.hc_prenorm import hc_prenorm_gemm_ref, split_bounds
+
+hp = pytest.importorskip("deepseek_v4_kernel.ops.hc_prenorm")
+
+SPLITS = [None, 1, 2, 4, 8, 16]
+
+
+def _inputs(m, K, n=24, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, K, generator=g).bfloat16().to(device)
+    fn = (torch.randn(n, K, generator=g) * 0.05).to(device)
+    return x, fn
+
+
+def _poisoned(m, n, S, device, flat=False):
+    if flat:
+        return (torch.full((m, n), float("nan"), device=device),
+                torch.full((m,), float("nan"), device=device))
+    return (torch.full((S, m, n), float("nan"), device=device),
+            torch.full((S, m), float("nan"), device=device))
+
+
+def _check(x, fn, out, sq, num_splits):
+    ro, rs = hc_prenorm_gemm_ref(x.cpu(), fn.cpu(), num_splits)
+    out, sq = out.cpu().double(), sq.cpu().double()
+    ro = ro.reshape(out.shape)
+    rs = rs.reshape(sq.shape)
+    assert not torch.isnan(out).any(), "out: not every element written"
+    assert not torch.isnan(sq).any(), "sqrsum: not every element written"
+    # per-split bound, A computed over the split's own slice
+    S = 1 if num_splits is None else num_splits
+    xa = x.cpu().double().abs()
+    fa = fn.cpu().double().abs()
+    A = torch.stack([xa[:, a:b] @ fa[:, a:b].T for a, b in split_bounds(x.shape[1], num_splits)])
+    A = A.reshape(out.shape)
+    bf16x2 = os.environ.get("DSV4_HC_PRENORM_PRECISION", "bf16x2") == "bf16x2"
+    tol = (2.0 ** -13 if bf16x2 else 1.5 * 2.0 ** -10) * A + 1e-30
+    err = (out - ro).abs()
+    assert (err <= tol).all(), f"out: max err/tol {float((err / tol).max()):.3g} (S={S})"
+    torch.testing.assert_close(sq, rs, rtol=2e-5, atol=1e-30)
+
+
+# ------------------------------------------------------------------- reference itself
+def test_split_bounds_match_deepgemm_partition():
+    # 256 blocks of 64 over 16 splits: 16 each; 5 blocks over 3 splits: 2, 2, 1
+    assert split_bounds(16384, 16)[1] == (1024, 2048)
+    assert split_bounds(320, 3) == [(0, 128), (128, 256), (256, 320)]
+    assert split_bounds(128, 4) == [(0, 64), (64, 128), (128, 128), (128, 128)]
+    assert split_bounds(200, None) == [(0, 200)]
+
+
+# ------------------------------------------------------------------- CPU (interpreter) / GPU
+@pytest.mark.parametrize("num_splits", SPLITS)
+@pytest.mark.parametrize("m", [1, 7, 33])
+def test_small_k(device, m, num_splits):
+    K = 320 if device == "cpu" else 16384
+    x, fn = _inputs(m, K, device=device, seed=m)
+    S = num_splits or 1
+    out, sq = _poisoned(m, 24, S, device, flat=num_splits is None)
+    assert hp.hc_prenorm_gemm(x, fn, out, sq, num_splits) is None
+    _check(x, fn, out, sq, num_splits)
+
+
+@pytest.mark.parametrize("mode", ["bf16x2", "tf32"])
+def test_precision_modes(device, monkeypatch, mode):
+    monkeypatch.setenv("DSV4_HC_PRENORM_PRECISION", mode)
+    x, fn = _inputs(5, 200, device=device, seed=3)  # K not a multiple of 64
+    out, sq = _poisoned(5, 24, 3, device)
+    hp.hc_prenorm_gemm(x, fn, out, sq, 3)
+    _check(x, fn, out, sq, 3)
+
+
+def test_empty_splits_write_zero(device):
+    # 2 K blocks over 4 splits: splits 2 and 3 are empty and must hold 0
+    x, fn = _inputs(3, 128, device=device)
+    out, sq = _poisoned(3, 24, 4, device)
+    hp.tf32_hc_prenorm_gemm(x, fn, out, sq, num_splits=4)
+    assert (out[2:] == 0).all() and (sq[2:] == 0).all()
+    _check(x, fn, out, sq, 4)
+
+
+def test_odd_n_strided_out_and_2d_out_with_one_split(device):
+    x, fn = _inputs(9, 256, n=13, device=device)
+    # out is a strided view (row stride 16) as a caller-owned buffer might be
+    big = torch.full((2, 9, 16), float("nan"), device=device)
+    out = big[:, :, :13]
+    sq = torch.full((2, 9), float("nan"), device=device)
+    hp.hc_prenorm_gemm(x, fn, out, sq, 2)
+    _check(x, fn, out, sq, 2)
+    assert torch.isnan(big[:, :, 13:]).all(), "wrote outside out"
+    out2, sq2 = _poisoned(9, 13, 1, device, flat=True)
+    hp.hc_prenorm_gemm(x, fn, out2, sq2, 1)
+    _check(x, fn, out2, sq2, None)
+
+
+def test_internal_subsplits_and_repeat(device):
+    # force the workspace + last-arrival reduction (P > 1) and call twice, so the
+    # counters must have been reset by the kernel itself
+    x, fn = _inputs(20, 640, device=device, seed=5)
+    for _ in range(2):
+        out, sq = _poisoned(20, 24, 2, device)
+        hp.hc_prenorm_gemm(x, fn, out, sq, 2, _config={"p": 3, "block_m": 16})
+        _check(x, fn, out, sq, 2)
+    assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values())
+
+
+def test_m_zero_returns_without_writing(device):
+    x = torch.empty(0, 256, dtype=torch.bfloat16, device=device)
+    fn = torch.randn(24, 256, device=device)
+    out = torch.empty(4, 0, 24, device=device)
+    sq = torch.empty(4, 0, device=device)
+    assert hp.tf32_hc_prenorm_gemm(x, fn, out, sq, num_splits=4) is None
+    # SGLang's wrapper returns before any check
+    assert hp.sglang_tf32_hc_prenorm_gemm(x, fn, None, None, 4) is None
+
+
+def test_sglang_shim_signature(device):
+    import inspect
+
+    assert list(inspect.signature(hp.tf32_hc_prenorm_gemm).parameters) == \
+        ["a", "b", "d", "sqr_sum", "num_splits"]
+    assert inspect.signature(hp.tf32_hc_prenorm_gemm).parameters["num_splits"].default is None
+    assert list(inspect.signature(hp.sglang_tf32_hc_prenorm_gemm).parameters) == \
+        ["x", "fn", "out", "sqrsum", "num_splits"]
+    x, fn = _inputs(2, 128, device=device)
+    out, sq = _poisoned(2, 24, 1, device, flat=True)
+    hp.sglang_tf32_hc_prenorm_gemm(x, fn, out, sq, None)
+    _check(x, fn, out, sq, None)
+
+
+@pytest.mark.parametrize(
+    "what, arg",
+    [
+        ("x_dtype", "x"), ("x_ndim", "x"), ("fn_dtype", "fn"), ("fn_k", "fn"), ("fn_n", "fn"),
+        ("out_dtype", "out"), ("out_shape", "out"), ("out_2d_many_splits", "out"),
+        ("sq_dtype", "sqrsum"), ("sq_shape", "sqrsum"), ("splits_zero", "num_splits"),
+        ("splits_bool", "num_splits"),
+    ],
+)
+def test_errors_name_the_argument(device, what, arg):
+    m, K, S = 3, 128, 2
+    x, fn = _inputs(m, K, device=device)
+    out = torch.empty(S, m, 24, device=device)
+    sq = torch.empty(S, m, device=device)
+    ns = S
+    if what == "x_dtype":
+        x = x.half()
+    elif what == "x_ndim":
+        x = x.view(1, m, K)
+    elif what == "fn_dtype":
+        fn = fn.bfloat16()
+    elif what == "fn_k":
+        fn = fn[:, :64]
+    elif what == "fn_n":
+        fn = torch.randn(40, K, device=device)
+    elif what == "out_dtype":
+        out = out.bfloat16()
+    elif what == "out_shape":
+        out = torch.empty(S, m, 25, device=device)
+    elif what == "out_2d_many_splits":
+        out = torch.empty(m, 24, device=device)
+    elif what == "sq_dtype":
+        sq = sq.double()
+    elif what == "sq_shape":
+        sq = torch.empty(S + 1, m, device=device)
+    elif what == "splits_zero":
+        ns = 0
+    elif what == "splits_bool":
+        ns = True
+    with pytest.raises(UnsupportedCase, match=rf"hc_prenorm: {arg} "):
+        hp.tf32_hc_prenorm_gemm(x, fn, out, sq, num_splits=ns)
+
+
+# ------------------------------------------------------------------- GPU only
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", SPLITS)
+@pytest.mark.parametrize("m", [0, 1, 7, 128, 4096])
+def test_gpu_full_k(m, num_splits):
+    K = 16384
+    x, fn = _inputs(m, K, device="cuda", seed=m + 1)
+    S = num_splits or 1
+    out, sq = _poisoned(m, 24, S, "cuda", flat=num_splits is None)
+    hp.tf32_hc_prenorm_gemm(x, fn, out, sq, num_splits=num_splits)
+    torch.cuda.synchronize()
+    if m:
+        _check(x, fn, out, sq, num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 64, 512, 16384])
+def test_gpu_tf32_mode_and_large_m(monkeypatch, m):
+    monkeypatch.setenv("DSV4_HC_PRENORM_PRECISION", "tf32")
+    x, fn = _inputs(m, 16384, device="cuda", seed=7)
+    out, sq = _poisoned(m, 24, 4, "cuda")
+    hp.hc_prenorm_gemm(x, fn, out, sq, 4)
+    torch.cuda.synchronize()
+    _check(x, fn, out, sq, 4)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_and_determinism():
+    m, K = 8, 16384
+    x, fn = _inputs(m, K, device="cuda", seed=11)
+    out = torch.empty(m, 24, device="cuda")
+    sq = torch.empty(m, device="cuda")
+    hp.tf32_hc_prenorm_gemm(x, fn, out, sq)  # eager first: allocates the counters
+    first = out.clone(), sq.clone()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        hp.tf32_hc_prenorm_gemm(x, fn, out, sq)  # warm-up on the capture stream
+        with torch.cuda.graph(g, stream=s):
+            hp.tf32_hc_prenorm_gemm(x, fn, out, sq)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        sq.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first[0]) and torch.equal(sq, first[1]), "not deterministic"
+    x.copy_(_inputs(m, K, device="cuda", seed=12)[0])
+    g.replay()
+    torch.cuda.synchronize()
+    _check(x, fn, out, sq, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, num_splits", [(1, None), (8, None), (64, None), (64, 16),
+                                           (512, None), (8192, None), (8192, 4)])
+def test_gpu_shared_memory_within_sm120_limit(m, num_splits):
+    smem = hp.compiled_smem(m=m, num_splits=num_splits)
+    assert smem <= hp.SMEM_LIMIT, f"{smem} B > {hp.SMEM_LIMIT} B"
