@@ -35,6 +35,7 @@ class Target:
     params: Tuple[str, ...] = ()  # keywords the SGLang call site passes: original and ours must accept them
     when: Optional[str] = None  # name of a CONDITIONS entry; None = always needed on SM12x
     importers: Tuple[str, ...] = ()  # modules that `from module import attr` at their import time
+    callers: Tuple[str, ...] = ()  # SGLang modules whose source calls attr (tests read their keywords)
     kind: str = "replace"  # "replace" | "setattr" (module.attr = value) | "env" (environment default)
     value: Any = None
     note: str = ""
@@ -102,7 +103,7 @@ TARGETS: Tuple[Target, ...] = (
         replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache",
         first="0.5.12", last="0.5.12.post1",
         params=_SPARSE_DECODE_KWARGS + ("block_table", "cache_seqlens", "tile_scheduler_metadata", "is_fp8_kvcache"),
-        importers=("flash_mla",),
+        importers=("flash_mla",), callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
         note="deepseek_v4_backend.py: `import flash_mla; flash_mla.flash_mla_with_kvcache(...)` at call time",
     ),
     # 0.5.13-0.5.15.post1: SGLang's SM120 dispatcher in sglang.srt.layers.attention (Triton by default).
@@ -110,6 +111,7 @@ TARGETS: Tuple[Target, ...] = (
         op="sparse_decode", module="sglang.srt.layers.attention.flash_mla_sm120", attr="flash_mla_with_kvcache_sm120",
         replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache_sm120",
         first="0.5.13", last="0.5.15.post1", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
+        callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
         note="deepseek_v4_backend.py imports it inside the forward, at call time",
     ),
     # 0.5.16+: the same dispatcher moved to sglang.kernels.ops.attention (FlashInfer by default).
@@ -117,6 +119,7 @@ TARGETS: Tuple[Target, ...] = (
         op="sparse_decode", module="sglang.kernels.ops.attention.flash_mla_sm120", attr="flash_mla_with_kvcache_sm120",
         replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache_sm120",
         first="0.5.16", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
+        callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
         note="deepseek_v4_backend.py imports it inside the forward, at call time",
     ),
 )
@@ -124,3 +127,14 @@ TARGETS: Tuple[Target, ...] = (
 
 def targets_for(op: str) -> Tuple[Target, ...]:
     return tuple(t for t in TARGETS if t.op == op)
+
+
+def markdown_table() -> str:
+    """The README's table of what is patched per SGLang version (a test keeps the README equal to it)."""
+    rows = ["| op | SGLang versions | what | replaced by / set to | when |", "|---|---|---|---|---|"]
+    for t in TARGETS:
+        what = f"`{t.module}.{t.attr}`" if t.kind != "env" else f"env `{t.attr}`"
+        by = f"`{t.replacement}`" if t.kind == "replace" else f"`{t.value!r}`"
+        when = CONDITIONS[t.when].__doc__.strip().splitlines()[0] if t.when else "always on SM12x"
+        rows.append(f"| {t.op} | {t.version_text()} | {what} | {by} | {when} |")
+    return "\n".join(rows)

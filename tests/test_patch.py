@@ -1,0 +1,251 @@
+"""The patch mechanism (hook.py) on throw-away modules, and the policy switches.
+
+The real SGLang targets are tested in test_patch_targets.py and start-up faults in
+test_startup.py.
+"""
+
+import logging
+import sys
+import textwrap
+
+import pytest
+
+from deepseek_v4_kernel.errors import UnsupportedCase
+from deepseek_v4_kernel.patch import hook, policy, targets
+from deepseek_v4_kernel.patch.hook import Patcher
+from deepseek_v4_kernel.patch.targets import Target
+
+
+@pytest.fixture
+def toypkg(tmp_path, monkeypatch):
+    """A package `toypkg_<n>`: lib.op (the 'original'), user.py (binds op at import), ours.op (replacement)."""
+    name = f"toypkg_{tmp_path.name.replace('-', '_')}"
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "lib.py").write_text(textwrap.dedent("""
+        def op(x, y=1, *, flag=False):
+            return ("orig", x, y)
+        def other(a):
+            return a
+        STATE = "initial"
+    """))
+    (pkg / "user.py").write_text(f"from {name}.lib import op\nfrom {name}.lib import op as aliased\n")
+    (pkg / "ours.py").write_text(textwrap.dedent("""
+        from deepseek_v4_kernel.errors import UnsupportedCase
+        def op(x, y=1, *, flag=False):
+            if x < 0:
+                raise UnsupportedCase(f"toy: x must be >= 0, got {x}")
+            return ("ours", x, y)
+        def narrow(x):
+            return ("narrow", x)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    for m in [m for m in sys.modules if m.startswith(name)]:
+        del sys.modules[m]
+
+
+def _target(pkg, **kw):
+    base = dict(op="toy", module=f"{pkg}.lib", attr="op", replacement=f"{pkg}.ours:op", first="0.5.12",
+                params=("x", "y", "flag"), importers=(f"{pkg}.user",))
+    base.update(kw)
+    return Target(**base)
+
+
+def _patcher(tlist, version="0.5.23", active=True):
+    p = Patcher(tlist, version, active, "test")
+    p.install()
+    return p
+
+
+def test_patch_on_import_and_rebind_importer(toypkg):
+    t = _target(toypkg)
+    p = _patcher([t])
+    try:
+        assert p.records[t].status == hook.PENDING
+        import importlib
+
+        user = importlib.import_module(f"{toypkg}.user")
+        lib = sys.modules[f"{toypkg}.lib"]
+        assert p.records[t].status == hook.PATCHED, p.records[t].reason
+        assert lib.op(2) == ("ours", 2, 1)
+        assert user.op(3, y=4) == ("ours", 3, 4)
+        assert user.aliased(5) == ("ours", 5, 1)
+        assert lib.op.__dsv4_original__(2) == ("orig", 2, 1)
+    finally:
+        p.uninstall()
+
+
+def test_module_imported_before_install_is_patched_and_importers_rebound(toypkg):
+    import importlib
+
+    user = importlib.import_module(f"{toypkg}.user")
+    assert user.op(1) == ("orig", 1, 1)
+    t = _target(toypkg)
+    p = _patcher([t])
+    try:
+        assert p.records[t].status == hook.PATCHED
+        assert user.op(1) == ("ours", 1, 1) and user.aliased(1) == ("ours", 1, 1)
+    finally:
+        p.uninstall()
+
+
+def test_missing_attribute_is_skipped(toypkg):
+    import importlib
+
+    t = _target(toypkg, attr="does_not_exist")
+    p = _patcher([t])
+    try:
+        importlib.import_module(f"{toypkg}.lib")
+        assert p.records[t].status == hook.SKIPPED
+        assert "no attribute does_not_exist" in p.records[t].reason
+    finally:
+        p.uninstall()
+
+
+def test_signature_drift_is_skipped(toypkg):
+    import importlib
+
+    t = _target(toypkg, attr="other", params=("x", "y"))  # `other(a)` lacks the keywords the caller passes
+    t2 = _target(toypkg, replacement=f"{toypkg}.ours:narrow")  # ours must take the caller's keywords too
+    p = _patcher([t, t2])
+    try:
+        lib = importlib.import_module(f"{toypkg}.lib")
+        assert p.records[t].status == hook.SKIPPED and "signature drifted" in p.records[t].reason
+        assert p.records[t2].status == hook.SKIPPED and "does not take" in p.records[t2].reason
+        assert lib.other(7) == 7 and lib.op(1) == ("orig", 1, 1)
+    finally:
+        p.uninstall()
+
+
+def test_condition_false_leaves_original(toypkg, monkeypatch):
+    import importlib
+
+    monkeypatch.setitem(targets.CONDITIONS, "toy_native", lambda m: (m.STATE != "initial", "native kernel present"))
+    t = _target(toypkg, when="toy_native")
+    p = _patcher([t])
+    try:
+        lib = importlib.import_module(f"{toypkg}.lib")
+        assert p.records[t].status == hook.LEFT and p.records[t].reason == "native kernel present"
+        assert lib.op(1) == ("orig", 1, 1)
+    finally:
+        p.uninstall()
+
+
+def test_setattr_gate_and_env_gate(toypkg, monkeypatch):
+    import importlib
+
+    monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
+    g = _target(toypkg, attr="STATE", kind="setattr", value="flipped", importers=())
+    e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1")
+    p = _patcher([g, e])
+    try:
+        import os
+
+        assert os.environ["DSV4_TOY_GATE"] == "1" and p.records[e].status == hook.PATCHED
+        lib = importlib.import_module(f"{toypkg}.lib")
+        assert lib.STATE == "flipped" and p.records[g].status == hook.PATCHED
+    finally:
+        p.uninstall()
+        monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
+
+
+def test_env_gate_respects_user_setting(monkeypatch):
+    monkeypatch.setenv("DSV4_TOY_GATE", "0")
+    e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1")
+    p = _patcher([e])
+    import os
+
+    assert os.environ["DSV4_TOY_GATE"] == "0" and p.records[e].status == hook.LEFT
+
+
+def test_unsupported_case_hands_back_once_logged_and_strict_raises(toypkg, monkeypatch, caplog):
+    import importlib
+
+    t = _target(toypkg)
+    p = _patcher([t])
+    try:
+        lib = importlib.import_module(f"{toypkg}.lib")
+        monkeypatch.delenv("DSV4_KERNEL_STRICT", raising=False)
+        with caplog.at_level(logging.WARNING, logger="deepseek_v4_kernel"):
+            assert lib.op(-1) == ("orig", -1, 1)
+            assert lib.op(-1) == ("orig", -1, 1)
+            assert lib.op(-2) == ("orig", -2, 1)
+        msgs = [r.getMessage() for r in caplog.records if "handing this call back" in r.getMessage()]
+        assert len(msgs) == 2, msgs  # once per distinct case
+        assert "x must be >= 0, got -1" in msgs[0]
+        assert p.records[t].handbacks == 3
+        monkeypatch.setenv("DSV4_KERNEL_STRICT", "1")
+        with pytest.raises(UnsupportedCase, match="x must be >= 0"):
+            lib.op(-1)
+    finally:
+        p.uninstall()
+
+
+def test_inactive_patcher_touches_nothing(toypkg):
+    import importlib
+
+    t = _target(toypkg)
+    p = _patcher([t], active=False)
+    try:
+        lib = importlib.import_module(f"{toypkg}.lib")
+        assert lib.op(1) == ("orig", 1, 1)
+        assert p.records[t].status == hook.INACTIVE
+    finally:
+        p.uninstall()
+
+
+@pytest.mark.parametrize("version,expect", [
+    (None, "not installed"), ("0.5.11", "predates"), ("0.5.24", None), ("garbage", "cannot parse"),
+])
+def test_version_gating(toypkg, version, expect):
+    t = _target(toypkg, first="0.5.12")
+    ok, why = t.applies_to_version(version)
+    assert ok == (expect is None) and (expect is None or expect in why)
+    closed = _target(toypkg, first="0.5.13", last="0.5.15.post1")
+    assert closed.applies_to_version("0.5.15.post1")[0] and not closed.applies_to_version("0.5.16")[0]
+    assert not closed.applies_to_version("0.5.12.post1")[0]
+
+
+def test_parse_version_orders_releases():
+    vs = ["0.5.12", "0.5.12.post1", "0.5.13rc0", "0.5.13", "0.5.15.post1", "0.5.16", "0.5.23"]
+    assert sorted(vs, key=policy.parse_version) == ["0.5.12", "0.5.12.post1", "0.5.13rc0", "0.5.13",
+                                                    "0.5.15.post1", "0.5.16", "0.5.23"]
+
+
+@pytest.mark.parametrize("caps,force,disable,active", [
+    ([(12, 0)], False, False, True),
+    ([(12, 1)], False, False, True),
+    ([(9, 0)], False, False, False),
+    ([(9, 0)], True, False, True),
+    ([], False, False, False),
+    ([], True, False, True),
+    ([(12, 0)], False, True, False),
+])
+def test_policy_device_and_switches(monkeypatch, caps, force, disable, active):
+    monkeypatch.setattr(policy, "_DEVICE", policy.DeviceInfo(capabilities=caps, names=["gpu"] * len(caps)))
+    monkeypatch.setenv(policy.FORCE, "1" if force else "0")
+    monkeypatch.setenv(policy.DISABLE, "1" if disable else "")
+    assert policy.active()[0] is active
+
+
+def test_cuda_visible_devices_filter(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    assert policy._visible_indices(4) == [1, 3]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234")
+    assert policy._visible_indices(2) == [0, 1]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert policy._visible_indices(2) == [0, 1]
+
+
+def test_every_target_row_is_well_formed():
+    for t in targets.TARGETS:
+        assert t.kind in ("replace", "setattr", "env"), t
+        assert t.first in targets.SURVEYED and (t.last is None or t.last in targets.SURVEYED), t
+        if t.when is not None:
+            assert t.when in targets.CONDITIONS, t
+        if t.kind == "replace":
+            mod, _, fn = t.replacement.partition(":")
+            assert mod.startswith("deepseek_v4_kernel.ops.") and fn, t
+            assert t.params, f"{t}: a replacement must list the keywords its callers pass"
