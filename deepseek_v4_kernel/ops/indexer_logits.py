@@ -1,0 +1,447 @@
+"""Lightning-indexer MQA logits (DeepGEMM ``fp8_paged_mqa_logits`` / ``fp8_mqa_logits``) in Triton.
+
+logits[row, t] = k_scale[t] * sum_h weights[row, h] * relu(q[row, h] . k[t])
+
+* paged (decode / MTP verify): q fp8 [b, next_n, H, 128]; kv cache bytes [num_blocks, 64, 1, 132]
+  (per 64-token block: 64x128 fp8 values, then 64 fp32 scales); context_lens int32 [b]
+  (row (i, j) sees ``len[i] - next_n + 1 + j`` tokens, DeepGEMM's 1-D convention) or [b, next_n]
+  (row (i, j) sees ``len[i, j]`` tokens); block_table int32 [b, max_blocks].
+  Out fp32 [b * next_n, max_context_len].
+* flat (prefill): q fp8 [rows, H, 128]; kv = (fp8 [n, 128], fp32 [n]); per-row window [ks, ke).
+  Out fp32 [rows, n] (absolute columns) or, with ``max_seqlen_k > 0``, [rows, max_seqlen_k] with
+  column c = position ks[row] + c (DeepGEMM's "compressed logits").
+
+One program = one batch entry (all next_n rows) or one block of rows, times one chunk of context;
+the fp8 dot runs on tensor cores (fp32 accumulate), relu / head weights / head reduction / scale
+happen in registers. No [rows, H, T] intermediate. Grids depend only on shapes (CUDA-graph safe).
+Past a row's length: -inf when ``clean_logits`` (inside computed tiles -inf is written anyway);
+with ``clean_logits=False`` columns past the length that no computed tile covers are left as
+``torch.empty`` garbage, like DeepGEMM.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from deepseek_v4_kernel.errors import UnsupportedCase
+
+_HEAD_DIM = 128
+_BLOCK_KV = 64
+_BLOCK_BYTES = _BLOCK_KV * (_HEAD_DIM + 4)  # 8448
+_FP8 = torch.float8_e4m3fn
+
+__all__ = [
+    "paged_mqa_logits",
+    "mqa_logits",
+    "fp8_paged_mqa_logits",
+    "fp8_mqa_logits",
+    "get_paged_mqa_logits_metadata",
+    "fp8_paged_mqa_logits_sglang_fallback",
+    "fp8_paged_mqa_logits_torch",
+    "fp8_paged_mqa_logits_torch_sm120",
+    "tilelang_fp8_paged_mqa_logits",
+]
+
+
+def _bad(op: str, msg: str):
+    raise UnsupportedCase(f"{op}: {msg}")
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return _num_sms(idx)
+
+
+@triton.jit
+def _paged_tile(t0, t_loc, hi, c1, q, w, lens, n_ok, out_rows, kv8_ptr, kv32_ptr, bt_row, d,
+                NP: tl.constexpr, H: tl.constexpr, BLOCK_T: tl.constexpr):
+    t = t0 + t_loc
+    t_ok = t < hi
+    page = tl.load(bt_row + t // 64, mask=t_ok, other=0)
+    t_ok = t_ok & (page >= 0)
+    page = page.to(tl.int64)
+    base = page * 8448 + (t % 64) * 128
+    k = tl.load(kv8_ptr + base[:, None] + d[None, :], mask=t_ok[:, None], other=0.0)
+    sc = tl.load(kv32_ptr + page * 2112 + 2048 + (t % 64), mask=t_ok, other=0.0)
+    s = tl.dot(k, tl.trans(q))  # [BLOCK_T, NP*H] fp32, tensor cores
+    s = tl.maximum(s, 0.0) * w[None, :]
+    s = tl.sum(tl.reshape(s, [BLOCK_T, NP, H]), axis=2)  # [BLOCK_T, NP]
+    s = s * sc[:, None]
+    s = tl.where(t[:, None] < lens[None, :], s, float("-inf"))
+    tl.store(out_rows[None, :] + t[:, None], s, mask=(t[:, None] < c1) & n_ok[None, :])
+
+@triton.jit
+def _flat_tile(t0, t_loc, lo, hi, c1, q, w, ks, ke, ri_ok, out_rows, k_ptr, ks_ptr,
+               stride_kn, stride_sn, width, d,
+               BR: tl.constexpr, H: tl.constexpr, BLOCK_T: tl.constexpr, RELATIVE: tl.constexpr):
+    t = t0 + t_loc
+    t_ok = (t < hi) & (t >= lo)
+    t64 = t.to(tl.int64)
+    k = tl.load(k_ptr + t64[:, None] * stride_kn + d[None, :], mask=t_ok[:, None], other=0.0)
+    sc = tl.load(ks_ptr + t64 * stride_sn, mask=t_ok, other=0.0)
+    s = tl.dot(k, tl.trans(q))  # [BLOCK_T, BR*H]
+    s = tl.maximum(s, 0.0) * w[None, :]
+    s = tl.sum(tl.reshape(s, [BLOCK_T, BR, H]), axis=2)  # [BLOCK_T, BR]
+    s = s * sc[:, None]
+    valid = (t[:, None] >= ks[None, :]) & (t[:, None] < ke[None, :])
+    if RELATIVE:
+        col = t[:, None] - ks[None, :]
+        tl.store(out_rows[None, :] + col, s, mask=valid & (col < width))
+    else:
+        s = tl.where(valid, s, float("-inf"))
+        tl.store(out_rows[None, :] + t[:, None], s, mask=(t[:, None] < c1) & ri_ok[None, :])
+
+@triton.jit
+def _paged_kernel(
+    q_ptr, kv8_ptr, kv32_ptr, w_ptr, len_ptr, bt_ptr, out_ptr,
+    stride_qb, stride_qn, stride_qh,
+    stride_wr, stride_lb, stride_ln, stride_btb, stride_or,
+    max_context_len, chunk,
+    NEXT_N: tl.constexpr, NP: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
+    BLOCK_T: tl.constexpr, LENS_2D: tl.constexpr, CLEAN: tl.constexpr,
+    NUM_STAGES: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    b = tl.program_id(0)
+    c0 = tl.program_id(1) * chunk
+    c1 = tl.minimum(c0 + chunk, max_context_len)
+    b64 = b.to(tl.int64)
+
+    n_idx = tl.arange(0, NP)
+    n_ok = n_idx < NEXT_N
+    if LENS_2D:
+        lens = tl.load(len_ptr + b64 * stride_lb + n_idx * stride_ln, mask=n_ok, other=0)
+    else:
+        lb = tl.load(len_ptr + b64 * stride_lb)
+        lens = lb - NEXT_N + 1 + n_idx
+    lens = tl.where(n_ok, tl.maximum(lens, 0), 0)
+    lmax = tl.max(lens, axis=0)
+
+    # q tile [NP*H, D] (rows ordered (n, h)) and weights [NP*H]
+    r = tl.arange(0, NP * H)
+    rn = r // H
+    rh = r % H
+    d = tl.arange(0, D)
+    q_rows = q_ptr + b64 * stride_qb + rn * stride_qn + rh * stride_qh
+    r_ok = rn < NEXT_N
+    q = tl.load(q_rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
+    w = tl.load(w_ptr + (b64 * NEXT_N + rn) * stride_wr + rh, mask=r_ok, other=0.0).to(tl.float32)
+
+    out_rows = out_ptr + (b64 * NEXT_N + n_idx.to(tl.int64)) * stride_or
+    t_loc = tl.arange(0, BLOCK_T)
+    hi = tl.minimum(c1, lmax)
+    if INTERPRET:  # the interpreter cannot take tensor loop bounds in range(); same body
+        t0 = c0 + b * 0
+        while t0 < hi:
+            _paged_tile(t0, t_loc, hi, c1, q, w, lens, n_ok, out_rows, kv8_ptr, kv32_ptr,
+                        bt_ptr + b64 * stride_btb, d, NP, H, BLOCK_T)
+            t0 += BLOCK_T
+    else:
+        for t0 in tl.range(c0, hi, BLOCK_T, num_stages=NUM_STAGES):
+            _paged_tile(t0, t_loc, hi, c1, q, w, lens, n_ok, out_rows, kv8_ptr, kv32_ptr,
+                        bt_ptr + b64 * stride_btb, d, NP, H, BLOCK_T)
+    if CLEAN:
+        start = tl.maximum(c0, hi)
+        t0 = c0 + ((start - c0) // BLOCK_T) * BLOCK_T
+        ninf = tl.full([BLOCK_T, NP], float("-inf"), tl.float32)
+        while t0 < c1:
+            t = t0 + t_loc
+            m = (t[:, None] < c1) & (t[:, None] >= hi) & n_ok[None, :]
+            tl.store(out_rows[None, :] + t[:, None], ninf, mask=m)
+            t0 += BLOCK_T
+
+@triton.jit
+def _flat_kernel(
+    q_ptr, k_ptr, ks_ptr, w_ptr, kst_ptr, ke_ptr, out_ptr,
+    rows, n_kv, width, chunk,
+    stride_qr, stride_qh, stride_kn, stride_sn, stride_wr, stride_or,
+    BR: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    RELATIVE: tl.constexpr, CLEAN: tl.constexpr, NUM_STAGES: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    rb = tl.program_id(0)
+    c0 = tl.program_id(1) * chunk
+    c1 = tl.minimum(c0 + chunk, n_kv)
+
+    ri = rb * BR + tl.arange(0, BR)
+    ri_ok = ri < rows
+    ri64 = ri.to(tl.int64)
+    ks = tl.load(kst_ptr + ri, mask=ri_ok, other=0)
+    ke = tl.load(ke_ptr + ri, mask=ri_ok, other=0)
+    ks = tl.maximum(ks, 0)
+    ke = tl.minimum(ke, n_kv)
+    ke = tl.where(ri_ok, ke, 0)
+    ks = tl.where(ri_ok, ks, n_kv)
+    lo = tl.maximum(tl.min(ks, axis=0), c0)
+    hi = tl.minimum(tl.max(ke, axis=0), c1)
+
+    r = tl.arange(0, BR * H)
+    rr = rb * BR + r // H
+    rh = r % H
+    r_ok = rr < rows
+    rr64 = rr.to(tl.int64)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + rr64[:, None] * stride_qr + rh[:, None] * stride_qh + d[None, :],
+                mask=r_ok[:, None], other=0.0)
+    w = tl.load(w_ptr + rr64 * stride_wr + rh, mask=r_ok, other=0.0).to(tl.float32)
+
+    out_rows = out_ptr + ri64 * stride_or
+    t_loc = tl.arange(0, BLOCK_T)
+    lo_al = c0 + ((lo - c0) // BLOCK_T) * BLOCK_T
+    if INTERPRET:  # the interpreter cannot take tensor loop bounds in range(); same body
+        t0 = lo_al
+        while t0 < hi:
+            _flat_tile(t0, t_loc, lo, hi, c1, q, w, ks, ke, ri_ok, out_rows, k_ptr, ks_ptr,
+                       stride_kn, stride_sn, width, d, BR, H, BLOCK_T, RELATIVE)
+            t0 += BLOCK_T
+    else:
+        for t0 in tl.range(lo_al, hi, BLOCK_T, num_stages=NUM_STAGES):
+            _flat_tile(t0, t_loc, lo, hi, c1, q, w, ks, ke, ri_ok, out_rows, k_ptr, ks_ptr,
+                       stride_kn, stride_sn, width, d, BR, H, BLOCK_T, RELATIVE)
+    if CLEAN:
+        # absolute layout only: -inf on [c0, c1) outside the tiles computed above
+        ninf = tl.full([BLOCK_T, BR], float("-inf"), tl.float32)
+        hi_al = lo_al + tl.cdiv(tl.maximum(hi - lo_al, 0), BLOCK_T) * BLOCK_T
+        t0 = c0 + rb * 0
+        while t0 < c1:
+            t = t0 + t_loc
+            outside = (t0 < lo_al) | (t0 >= hi_al)
+            m = (t[:, None] < c1) & ri_ok[None, :] & outside
+            tl.store(out_rows[None, :] + t[:, None], ninf, mask=m)
+            t0 += BLOCK_T
+
+
+
+def _kernels():
+    return _paged_kernel, _flat_kernel
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _next_pow2(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def _check_q_fp8(op, name, q, ndim):
+    if not isinstance(q, torch.Tensor):
+        _bad(op, f"{name} must be a float8_e4m3fn tensor, got {type(q).__name__}")
+    if q.dtype != _FP8 or q.dim() != ndim or q.shape[-1] != _HEAD_DIM:
+        _bad(op, f"{name} must be float8_e4m3fn with {ndim} dims and last dim {_HEAD_DIM}, "
+                 f"got {q.dtype} {list(q.shape)}")
+    H = q.shape[-2]
+    if H not in (16, 32, 64, 128):
+        _bad(op, f"{name}: number of heads must be 16, 32, 64 or 128, got {H}")
+
+
+def _chunk(total_tiles: int, programs_other: int, block_t: int, device) -> int:
+    """Context tiles per program: enough programs to fill the GPU, few Q reloads."""
+    target = 4 * _sm_count(device)
+    tiles = 1
+    while tiles < 64 and programs_other * ((total_tiles + 2 * tiles - 1) // (2 * tiles)) >= target:
+        tiles *= 2
+    return tiles * block_t
+
+
+def paged_mqa_logits(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_context_len: int,
+    clean_logits: bool = True,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Paged fp8 MQA logits; see module docstring. Returns fp32 [b * next_n, max_context_len]."""
+    op = "paged_mqa_logits"
+    _check_q_fp8(op, "q", q, 4)
+    B, N, H, D = q.shape
+    if not 1 <= N <= 4:
+        _bad(op, f"q next_n must be 1..4, got {N} (q {list(q.shape)})")
+    if N * H > 256 and _next_pow2(N) * H > 256:
+        _bad(op, f"q: next_n * heads must be <= 256, got {N}*{H}")
+    if kv_cache.element_size() != 1 or kv_cache.dim() != 4 or tuple(kv_cache.shape[1:]) != (_BLOCK_KV, 1, _HEAD_DIM + 4):
+        _bad(op, f"kv_cache must be 1-byte [num_blocks, 64, 1, 132], got {kv_cache.dtype} {list(kv_cache.shape)}")
+    if not kv_cache.is_contiguous():
+        _bad(op, "kv_cache must be contiguous")
+    dev = q.device
+    if weights.dim() == 3 and weights.shape[-1] == 1:
+        weights = weights.squeeze(-1)
+    if weights.dtype not in (torch.float32, torch.bfloat16) or tuple(weights.shape) != (B * N, H):
+        _bad(op, f"weights must be fp32 [{B * N}, {H}], got {weights.dtype} {list(weights.shape)}")
+    if weights.stride(-1) != 1:
+        weights = weights.contiguous()
+    if context_lens.dtype not in (torch.int32, torch.int64):
+        _bad(op, f"context_lens must be int32, got {context_lens.dtype}")
+    if context_lens.dim() == 1 and context_lens.shape[0] == B:
+        lens_2d = False
+        stride_lb, stride_ln = context_lens.stride(0), 0
+    elif context_lens.dim() == 2 and context_lens.shape[0] == B and context_lens.shape[1] == N:
+        lens_2d = N > 1
+        stride_lb, stride_ln = context_lens.stride(0), context_lens.stride(1)
+    else:
+        _bad(op, f"context_lens must be int32 [{B}] or [{B}, {N}], got {list(context_lens.shape)}")
+    if context_lens.dtype != torch.int32:
+        context_lens = context_lens.to(torch.int32)
+        stride_lb = context_lens.stride(0)
+        stride_ln = context_lens.stride(1) if context_lens.dim() == 2 else 0
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype not in (torch.int32, torch.int64):
+        _bad(op, f"block_table must be int32 [{B}, max_blocks], got {block_table.dtype} {list(block_table.shape)}")
+    if block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    max_context_len = int(max_context_len)
+    if max_context_len < 0:
+        _bad(op, f"max_context_len must be >= 0, got {max_context_len}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    rows = B * N
+    if out is None:
+        out = torch.empty((rows, max_context_len), dtype=torch.float32, device=dev)
+    elif out.dtype != torch.float32 or tuple(out.shape) != (rows, max_context_len) or out.stride(1) != 1:
+        _bad(op, f"out must be fp32 [{rows}, {max_context_len}] with unit column stride")
+    if rows == 0 or max_context_len == 0:
+        return out
+
+    kv8 = kv_cache.view(torch.uint8).view(_FP8)
+    kv32 = kv_cache.view(torch.uint8).view(-1).view(torch.float32)
+    NP = _next_pow2(N)
+    block_t = 128 if NP * H <= 128 else 64
+    num_warps = 4 if NP * H * block_t <= 8192 else 8
+    chunk = _chunk(-(-max_context_len // block_t), B, block_t, dev)
+    grid = (B, -(-max_context_len // chunk))
+    paged, _ = _kernels()
+    paged[grid](
+        q, kv8, kv32, weights, context_lens, block_table, out,
+        q.stride(0), q.stride(1), q.stride(2),
+        weights.stride(0), stride_lb, stride_ln, block_table.stride(0), out.stride(0),
+        max_context_len, chunk,
+        NEXT_N=N, NP=NP, H=H, D=D, BLOCK_T=block_t, LENS_2D=lens_2d, CLEAN=bool(clean_logits),
+        NUM_STAGES=3, INTERPRET=_interpret(), num_warps=num_warps,
+    )
+    return out
+
+
+def mqa_logits(
+    q: torch.Tensor,
+    kv: Tuple[torch.Tensor, torch.Tensor],
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    clean_logits: bool = True,
+    max_seqlen_k: int = 0,
+) -> torch.Tensor:
+    """Flat fp8 MQA logits; see module docstring."""
+    op = "mqa_logits"
+    _check_q_fp8(op, "q", q, 3)
+    M, H, D = q.shape
+    if not (isinstance(kv, (tuple, list)) and len(kv) == 2):
+        _bad(op, "kv must be a tuple (fp8 [n, 128], fp32 [n])")
+    k, k_scale = kv
+    if k.dtype != _FP8 or k.dim() != 2 or k.shape[1] != _HEAD_DIM or k.stride(1) != 1:
+        _bad(op, f"kv[0] must be float8_e4m3fn [n, 128] (unit last stride), got {k.dtype} {list(k.shape)}")
+    n = k.shape[0]
+    if k_scale.dim() == 2 and k_scale.shape[1] == 1:
+        k_scale = k_scale.squeeze(1)
+    if k_scale.dtype != torch.float32 or tuple(k_scale.shape) != (n,):
+        _bad(op, f"kv[1] must be fp32 [{n}], got {k_scale.dtype} {list(k_scale.shape)}")
+    if weights.dtype not in (torch.float32, torch.bfloat16) or tuple(weights.shape) != (M, H):
+        _bad(op, f"weights must be fp32 [{M}, {H}], got {weights.dtype} {list(weights.shape)}")
+    if weights.stride(-1) != 1:
+        weights = weights.contiguous()
+    for name, x in (("cu_seq_len_k_start", ks), ("cu_seq_len_k_end", ke)):
+        if x.dim() != 1 or x.shape[0] != M or x.dtype not in (torch.int32, torch.int64):
+            _bad(op, f"{name} must be int32 [{M}], got {x.dtype} {list(x.shape)}")
+    ks = ks.to(torch.int32).contiguous()
+    ke = ke.to(torch.int32).contiguous()
+    max_seqlen_k = int(max_seqlen_k)
+    relative = max_seqlen_k > 0
+    if relative and clean_logits:
+        _bad(op, "clean_logits=True with max_seqlen_k > 0 is not supported (DeepGEMM asserts the same)")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    width = max_seqlen_k if relative else n
+    out = torch.empty((M, width), dtype=torch.float32, device=q.device)
+    if M == 0 or n == 0 or width == 0:
+        if clean_logits:
+            out.fill_(float("-inf"))
+        return out
+    BR = max(1, 128 // H)
+    block_t = 128
+    num_warps = 8
+    n_rb = -(-M // BR)
+    chunk = _chunk(-(-n // block_t), n_rb, block_t, q.device)
+    grid = (n_rb, -(-n // chunk))
+    _, flat = _kernels()
+    flat[grid](
+        q, k, k_scale, weights, ks, ke, out,
+        M, n, width, chunk,
+        q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0), out.stride(0),
+        BR=BR, H=H, D=D, BLOCK_T=block_t, RELATIVE=relative, CLEAN=bool(clean_logits) and not relative,
+        NUM_STAGES=3, INTERPRET=_interpret(), num_warps=num_warps,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepGEMM-signature shims (names and keyword names as deep_gemm's pybind registration).
+# ----------------------------------------------------------------------------------------------
+def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta,
+                         max_context_len, clean_logits=False, indices=None):
+    """``deep_gemm.fp8_paged_mqa_logits``; ``schedule_meta`` is ignored."""
+    if indices is not None:
+        _bad("fp8_paged_mqa_logits", "indices (varlen mode) is not supported")
+    if isinstance(q, (tuple, list)):
+        if len(q) == 2 and q[1] is None:
+            q = q[0]
+        else:
+            _bad("fp8_paged_mqa_logits", "q must be an fp8 tensor (fp4 q with scales is not supported)")
+    return paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len,
+                            clean_logits=bool(clean_logits))
+
+
+def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True,
+                   max_seqlen_k=0):
+    """``deep_gemm.fp8_mqa_logits``."""
+    return mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end,
+                      clean_logits=bool(clean_logits), max_seqlen_k=max_seqlen_k)
+
+
+def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
+    """``deep_gemm.get_paged_mqa_logits_metadata``: our kernel needs no schedule; returns an
+    int32 [num_sms + 1, 2] zero tensor (DeepGEMM's shape, so SGLang's ``copy_`` of it works)."""
+    return torch.zeros((int(num_sms) + 1, 2), dtype=torch.int32, device=context_lens.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# SGLang fallback signature (fp8_paged_mqa_logits_torch / _torch_sm120 / tilelang_fp8_paged_mqa_logits)
+# ----------------------------------------------------------------------------------------------
+def fp8_paged_mqa_logits_sglang_fallback(q_fp8, kvcache_fp8, weight, seq_lens, page_table,
+                                         deep_gemm_metadata, max_seq_len, clean_logits=True):
+    """Drop-in for SGLang's fallbacks. Accepts seq_lens [b] or [b, 1]. Always writes -inf past
+    each row's length (what ``fp8_paged_mqa_logits_torch_sm120`` returns; every caller masks by
+    length anyway), whatever ``clean_logits`` says (callers pass False)."""
+    if seq_lens.dim() == 2 and seq_lens.shape[1] == 1 and q_fp8.dim() == 4 and q_fp8.shape[1] == 1:
+        seq_lens = seq_lens[:, 0]
+    return paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, max_seq_len,
+                            clean_logits=True)
+
+
+fp8_paged_mqa_logits_torch = fp8_paged_mqa_logits_sglang_fallback
+fp8_paged_mqa_logits_torch_sm120 = fp8_paged_mqa_logits_sglang_fallback
+tilelang_fp8_paged_mqa_logits = fp8_paged_mqa_logits_sglang_fallback
