@@ -39,16 +39,16 @@ def _poisoned(m, n, S, device, flat=False):
 
 
 def _check(x, fn, out, sq, num_splits):
-    ro, rs = hc_prenorm_gemm_ref(x.cpu(), fn.cpu(), num_splits)
-    out, sq = out.cpu().double(), sq.cpu().double()
+    ro, rs = hc_prenorm_gemm_ref(x, fn, num_splits)  # float64 on x's device
+    out, sq = out.double(), sq.double()
     ro = ro.reshape(out.shape)
     rs = rs.reshape(sq.shape)
     assert not torch.isnan(out).any(), "out: not every element written"
     assert not torch.isnan(sq).any(), "sqrsum: not every element written"
     # per-split bound, A computed over the split's own slice
     S = 1 if num_splits is None else num_splits
-    xa = x.cpu().double().abs()
-    fa = fn.cpu().double().abs()
+    xa = x.double().abs()
+    fa = fn.double().abs()
     A = torch.stack([xa[:, a:b] @ fa[:, a:b].T for a, b in split_bounds(x.shape[1], num_splits)])
     A = A.reshape(out.shape)
     bf16x2 = os.environ.get("DSV4_HC_PRENORM_PRECISION", "bf16x2") == "bf16x2"

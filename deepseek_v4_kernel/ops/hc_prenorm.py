@@ -206,12 +206,7 @@ def _counters(device: torch.device):
 def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None = None) -> dict:
     """Tile shape and sub-split count P for one call (host-side, shape-only)."""
     o = overrides or {}
-    if m <= 16:
-        bm = 16
-    elif m <= 256:
-        bm = 32 if m <= 32 else (16 if m <= 64 else 64)
-    else:
-        bm = 64
+    bm = 16 if m <= 64 else 64
     bm = o.get("block_m", bm)
     m_tiles = triton.cdiv(m, bm)
     groups = m_tiles * S
@@ -220,17 +215,14 @@ def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None =
     p = 1
     if groups < target and nb_min >= 2 and groups <= _COUNTER_CAP:
         p = triton.cdiv(target, groups)
-        # keep the last program's reduction short: <= ~64 KiB of partials to read
+        # keep the last program's reduction short: <= ~128 KiB of partials to read
         rows = min(m, bm)
-        p = min(p, max(1, (64 * 1024) // (rows * _NPAD * 4)), nb_min, 128)
+        p = min(p, max(1, (128 * 1024) // (rows * _NPAD * 4)), nb_min, 128)
     p = max(1, min(o.get("p", p), max(nb_min, 1)))
-    # K per program decides the K tile
-    k_per = triton.cdiv(K, S * p)
-    bk = 128 if (bm <= 32 and k_per >= 128) else 64
-    bk = o.get("block_k", bk)
+    bk = o.get("block_k", 64)
     return dict(block_m=bm, block_k=bk, p=p,
                 num_warps=o.get("num_warps", 4),
-                num_stages=o.get("num_stages", 3 if bm >= 64 else 4))
+                num_stages=o.get("num_stages", 3))
 
 
 def _precision() -> bool:
