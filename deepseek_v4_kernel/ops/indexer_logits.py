@@ -227,6 +227,11 @@ def _kernels():
     return _paged_kernel, _flat_kernel
 
 
+# Tuning overrides (bench sweeps only): keys block_t, num_warps, num_stages, tiles.
+_TUNE_PAGED: dict = {}
+_TUNE_FLAT: dict = {}
+
+
 def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -321,9 +326,13 @@ def paged_mqa_logits(
     kv8 = kv_cache.view(torch.uint8).view(_FP8)
     kv32 = kv_cache.view(torch.uint8).view(-1).view(torch.float32)
     NP = _next_pow2(N)
-    block_t = 128 if NP * H <= 128 else 64
-    num_warps = 4 if NP * H * block_t <= 8192 else 8
-    chunk = _chunk(-(-max_context_len // block_t), B, block_t, dev)
+    block_t = _TUNE_PAGED.get("block_t", 128 if NP * H <= 128 else 64)
+    num_warps = _TUNE_PAGED.get("num_warps", 4 if NP * H * block_t <= 8192 else 8)
+    num_stages = _TUNE_PAGED.get("num_stages", 3)
+    if "tiles" in _TUNE_PAGED:
+        chunk = _TUNE_PAGED["tiles"] * block_t
+    else:
+        chunk = _chunk(-(-max_context_len // block_t), B, block_t, dev)
     grid = (B, -(-max_context_len // chunk))
     paged, _ = _kernels()
     paged[grid](
@@ -332,7 +341,7 @@ def paged_mqa_logits(
         weights.stride(0), stride_lb, stride_ln, block_table.stride(0), out.stride(0),
         max_context_len, chunk,
         NEXT_N=N, NP=NP, H=H, D=D, BLOCK_T=block_t, LENS_2D=lens_2d, CLEAN=bool(clean_logits),
-        NUM_STAGES=3, INTERPRET=_interpret(), num_warps=num_warps,
+        NUM_STAGES=num_stages, INTERPRET=_interpret(), num_warps=num_warps,
     )
     return out
 
@@ -381,11 +390,15 @@ def mqa_logits(
         if clean_logits:
             out.fill_(float("-inf"))
         return out
-    BR = max(1, 128 // H)
-    block_t = 128
-    num_warps = 8
+    BR = max(1, _TUNE_FLAT.get("rows_h", 128) // H)
+    block_t = _TUNE_FLAT.get("block_t", 128)
+    num_warps = _TUNE_FLAT.get("num_warps", 8)
+    num_stages = _TUNE_FLAT.get("num_stages", 3)
     n_rb = -(-M // BR)
-    chunk = _chunk(-(-n // block_t), n_rb, block_t, q.device)
+    if "tiles" in _TUNE_FLAT:
+        chunk = _TUNE_FLAT["tiles"] * block_t
+    else:
+        chunk = _chunk(-(-n // block_t), n_rb, block_t, q.device)
     grid = (n_rb, -(-n // chunk))
     _, flat = _kernels()
     flat[grid](
@@ -393,7 +406,7 @@ def mqa_logits(
         M, n, width, chunk,
         q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0), out.stride(0),
         BR=BR, H=H, D=D, BLOCK_T=block_t, RELATIVE=relative, CLEAN=bool(clean_logits) and not relative,
-        NUM_STAGES=3, INTERPRET=_interpret(), num_warps=num_warps,
+        NUM_STAGES=num_stages, INTERPRET=_interpret(), num_warps=num_warps,
     )
     return out
 

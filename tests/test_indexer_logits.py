@@ -1,0 +1,193 @@
+"""indexer_logits (paged + flat fp8 MQA logits) vs the float64 reference.
+
+Tolerance: inputs are exact fp8 values and fp32 scales; the kernel accumulates q.k (128 products)
+on tensor cores in fp32 (Hopper fp8 MMA keeps ~14 mantissa bits in its accumulator) and sums the
+64 weighted heads in fp32. So each element is compared with
+    |out - ref| <= 1e-2 * mag + 1e-6 * max|ref|,   mag = scale * sum_h |w_h| * sum_d |q_hd k_d|
+(the worst-case rounding bound scale), plus a global relative L2 error < 1e-3 (DeepGEMM's check).
+Positions past a row's length must be exactly -inf when clean_logits.
+"""
+import pytest
+import torch
+
+from deepseek_v4_kernel.errors import UnsupportedCase
+from deepseek_v4_kernel.ops import indexer_logits as op
+from deepseek_v4_kernel.reference import indexer_logits as ref
+
+
+def _make_paged(B, N, H, lens, maxc, device, lens_2d=None, seed=0, extra_blocks=3):
+    g = torch.Generator().manual_seed(seed)
+    need = [(int(l) + 63) // 64 for l in lens]
+    max_blocks = max(1, (maxc + 63) // 64)
+    nb = sum(need) + extra_blocks
+    k = torch.randn(nb, 64, 128, generator=g) * (0.5 + torch.rand(nb, 64, 1, generator=g) * 4)
+    cache = ref.pack_paged_k_cache(k)
+    perm = torch.randperm(nb, generator=g).int()
+    bt = torch.full((B, max_blocks), -1, dtype=torch.int32)
+    c = 0
+    for i in range(B):
+        bt[i, : need[i]] = perm[c: c + need[i]]
+        c += need[i]
+    q = (torch.randn(B, N, H, 128, generator=g) * 1.5).to(torch.float8_e4m3fn)
+    w = torch.randn(B * N, H, generator=g) * 0.2
+    cl = torch.tensor(lens, dtype=torch.int32) if lens_2d is None else lens_2d
+    return (q.to(device), cache.to(device), w.to(device), cl.to(device), bt.to(device))
+
+
+def _check(out, r, mag, clean):
+    out = out.double().cpu()
+    fin = torch.isfinite(r)
+    if clean:
+        assert torch.equal(torch.isneginf(out), ~fin), "-inf mask mismatch"
+        assert not torch.isnan(out).any()
+    assert not torch.isnan(out[fin]).any(), "unwritten (NaN) valid element"
+    if fin.any():
+        err = (out[fin] - r[fin]).abs()
+        tol = 1e-2 * mag[fin] + 1e-6 * r[fin].abs().max()
+        assert (err <= tol).all(), f"max err {err.max().item()} (tol {tol[err.argmax()].item()})"
+        rel = (err.norm() / r[fin].norm().clamp(min=1e-30)).item()
+        assert rel < 1e-3, rel
+
+
+def _run_paged(B, N, H, lens, maxc, device, clean, lens_2d=None, seed=0):
+    q, cache, w, cl, bt = _make_paged(B, N, H, lens, maxc, device, lens_2d=lens_2d, seed=seed)
+    if lens_2d is not None:
+        cl = lens_2d.to(device)
+    poisoned = torch.full((B * N, maxc), float("nan"), device=device)  # every element must be written
+    out = op.paged_mqa_logits(q, cache, w, cl, bt, maxc, clean_logits=clean, out=poisoned)
+    assert out.shape == (B * N, maxc) and out.dtype == torch.float32
+    r = ref.paged_mqa_logits_ref(q, cache, w, cl, bt, maxc)
+    mag = ref.paged_mqa_logits_magnitude(q, cache, w, cl, bt, maxc)
+    _check(out, r, mag, clean)
+    return out
+
+
+# ------------------------------- CPU-sized (also run on GPU) --------------------------------
+@pytest.mark.parametrize("clean", [True, False])
+@pytest.mark.parametrize("N", [1, 2, 3, 4])
+def test_paged_small(device, N, clean):
+    # ragged lengths, an empty row, a length not multiple of 64; page table padded with -1
+    lens = [70, 0, 131, 5]
+    maxc = 200
+    _run_paged(4, N, 16 if N > 2 else 32, lens, maxc, device, clean, seed=N)
+
+
+def test_paged_2d_lens(device):
+    B, N = 3, 2
+    lens_2d = torch.tensor([[40, 41], [0, 3], [120, 90]], dtype=torch.int32)
+    lens = lens_2d.max(1).values.tolist()
+    _run_paged(B, N, 32, lens, 130, device, True, lens_2d=lens_2d, seed=7)
+
+
+def test_paged_lens_b1_and_fallback_shim(device):
+    # SGLang passes seq_lens as [b, 1] with next_n == 1, and clean_logits=False positionally.
+    q, cache, w, cl, bt = _make_paged(3, 1, 64, [65, 1, 0], 128, device, seed=3)
+    r = ref.paged_mqa_logits_ref(q, cache, w, cl, bt, 128)
+    mag = ref.paged_mqa_logits_magnitude(q, cache, w, cl, bt, 128)
+    out = op.fp8_paged_mqa_logits_torch_sm120(q, cache, w, cl[:, None], bt, None, 128, False)
+    _check(out, r, mag, clean=True)  # the fallback shim always writes -inf past the length
+    meta = op.get_paged_mqa_logits_metadata(cl[:, None], 64, 5)
+    assert meta.shape == (6, 2) and meta.dtype == torch.int32
+    out2 = op.fp8_paged_mqa_logits(q, cache, w, cl[:, None], bt, meta, 128, clean_logits=True)
+    _check(out2, r, mag, clean=True)
+    # max_context_len shorter than the page table (SGLang's max_c4_seq_len can be either)
+    out3 = op.fp8_paged_mqa_logits(q, cache, w, cl, bt, None, 100, False)
+    _check(out3, r[:, :100], mag[:, :100], clean=False)
+
+
+def _make_flat(M, n, H, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    k, s = ref.quantize_k(torch.randn(n, 128, generator=g) * (0.5 + torch.rand(n, 1, generator=g) * 4))
+    q = (torch.randn(M, H, 128, generator=g) * 1.5).to(torch.float8_e4m3fn)
+    w = torch.randn(M, H, generator=g) * 0.2
+    return q.to(device), (k.to(device), s.to(device)), w.to(device)
+
+
+@pytest.mark.parametrize("clean,max_seqlen_k", [(True, 0), (False, 0), (False, 176)])
+def test_flat_small(device, clean, max_seqlen_k):
+    M, n, H = 7, 170, 32
+    q, kv, w = _make_flat(M, n, H, device, seed=11)
+    ks = torch.tensor([0, 0, 5, 30, 0, 169, 100], dtype=torch.int32)
+    ke = torch.tensor([0, 1, 120, 170, 170, 170, 90], dtype=torch.int32)  # last row empty (ke < ks)
+    out = op.fp8_mqa_logits(q, kv, w, ks.to(device), ke.to(device), clean_logits=clean,
+                            max_seqlen_k=max_seqlen_k)
+    width = max_seqlen_k or n
+    assert out.shape == (M, width)
+    r = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=max_seqlen_k)
+    mag = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=max_seqlen_k, magnitude=True)
+    _check(out, r, mag, clean)
+
+
+def test_bad_inputs(device):
+    q, cache, w, cl, bt = _make_paged(2, 1, 32, [10, 20], 64, device)
+    with pytest.raises(UnsupportedCase):
+        op.paged_mqa_logits(q.float(), cache, w, cl, bt, 64)
+    with pytest.raises(UnsupportedCase):
+        op.paged_mqa_logits(q, cache.view(-1), w, cl, bt, 64)
+    with pytest.raises(UnsupportedCase):
+        op.paged_mqa_logits(q, cache, w[:1], cl, bt, 64)
+    with pytest.raises(UnsupportedCase):
+        op.fp8_paged_mqa_logits(q, cache, w, cl, bt, None, 64, False, indices=cl)
+    qf, kv, wf = _make_flat(3, 10, 32, device)
+    z = torch.zeros(3, dtype=torch.int32, device=device)
+    with pytest.raises(UnsupportedCase):
+        op.fp8_mqa_logits(qf, kv, wf, z, z, clean_logits=True, max_seqlen_k=16)
+
+
+def test_reference_packer_roundtrip():
+    k = torch.randn(2, 64, 128) * 3
+    cache = ref.pack_paged_k_cache(k)
+    vals, sc = ref.unpack_paged_k_cache(cache)
+    deq = vals * sc[..., None]
+    assert ((deq - k.double()).abs() <= 0.07 * k.double().abs().amax(-1, keepdim=True)).all()
+
+
+# ------------------------------------- GPU-only sizes -----------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,H", [(1, 64), (2, 64), (4, 64), (3, 32), (1, 32)])
+def test_paged_gpu_large(N, H):
+    lens = [0, 1, 4097, 20000, 12345, 64, 8191, 3000]
+    maxc = 20480
+    _run_paged(len(lens), N, H, lens, maxc, "cuda", clean=True, seed=N * 10 + H)
+    _run_paged(len(lens), N, H, lens, maxc, "cuda", clean=False, seed=N * 10 + H + 1)
+
+
+@pytest.mark.gpu
+def test_flat_gpu_prefill():
+    M, n, H = 300, 2048, 64
+    q, kv, w = _make_flat(M, n, H, "cuda", seed=5)
+    ke = torch.linspace(1, n, M).int()
+    ks = torch.zeros(M, dtype=torch.int32)
+    ks[::7] = ke[::7] // 3
+    for clean, msk in [(True, 0), (False, 0), (False, 2048)]:
+        out = op.fp8_mqa_logits(q, kv, w, ks.cuda(), ke.cuda(), clean_logits=clean, max_seqlen_k=msk)
+        r = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=msk)
+        mag = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=msk, magnitude=True)
+        _check(out, r, mag, clean)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_and_smem():
+    q, cache, w, cl, bt = _make_paged(8, 1, 64, [100, 5000, 0, 64, 7000, 1, 2, 3], 8192, "cuda")
+    out = op.paged_mqa_logits(q, cache, w, cl, bt, 8192, clean_logits=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_g = op.paged_mqa_logits(q, cache, w, cl, bt, 8192, clean_logits=True)
+    cl2 = cl.clone()
+    cl.copy_(torch.tensor([1, 1, 1, 1, 1, 1, 1, 1], dtype=torch.int32))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.isneginf(out_g[:, 1:]).all()
+    cl.copy_(cl2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_g, out)
+    # compiled shared memory of every specialization this session built
+    paged, flat = op._kernels()
+    n = 0
+    for kern in (paged, flat):
+        for cache_ in kern.device_caches.values():
+            for compiled in cache_[0].values():
+                assert compiled.metadata.shared <= 101376, compiled.metadata.shared
+                n += 1
+    assert n >= 1
