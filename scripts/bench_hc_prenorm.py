@@ -163,14 +163,11 @@ def bench_m(m, bw, n_sms, reps, cfg=None):
 
 
 SWEEP = {
-    "small": [dict(block_m=16, block_k=64, p=p, num_warps=4, num_stages=3) for p in (32, 64, 128)]
-    + [dict(block_m=16, block_k=128, p=64, num_warps=4, num_stages=3)],
+    "small": [dict(block_m=16, block_k=64, p=p, num_warps=4, num_stages=3) for p in (32, 64, 128)],
     "mid": [dict(block_m=bm, block_k=64, p=p, num_warps=4, num_stages=3)
-            for bm, p in ((16, 16), (16, 32), (32, 8), (32, 16), (64, 8), (64, 16))],
-    "large": [dict(block_m=bm, block_k=bk, p=p, num_warps=w, num_stages=st)
-              for (bm, bk, w, st, p) in ((64, 64, 4, 3, 1), (64, 64, 4, 3, 3), (64, 64, 4, 4, 3),
-                                         (128, 64, 8, 3, 1), (128, 64, 8, 3, 3),
-                                         (64, 128, 4, 3, 3))],
+            for bm, p in ((16, 32), (16, 64), (32, 16), (64, 16))],
+    "large": [dict(block_m=64, block_k=64, p=p, num_warps=4, num_stages=st)
+              for (st, p) in ((3, 2), (3, 3), (4, 3))],
 }
 
 

@@ -111,14 +111,21 @@ def test_odd_n_strided_out_and_2d_out_with_one_split(device):
     _check(x, fn, out2, sq2, None)
 
 
-def test_internal_subsplits_and_repeat(device):
+@pytest.mark.parametrize("m, S, cfg", [
+    (20, 2, {"p": 3, "block_m": 16}),              # 2 m tiles, rows chunk 16
+    (20, 2, {"p": 5, "block_m": 16, "pb": 2}),     # partials reduced 2 at a time, ragged
+    (7, 1, {"p": 9, "block_m": 16}),               # rows chunk 8 > m
+    (1, 1, {"p": 10, "block_m": 16}),              # one row, P not a power of two
+    (40, 1, {"p": 4, "block_m": 32, "pb": 4}),
+])
+def test_internal_subsplits_and_repeat(device, m, S, cfg):
     # force the workspace + last-arrival reduction (P > 1) and call twice, so the
     # counters must have been reset by the kernel itself
-    x, fn = _inputs(20, 640, device=device, seed=5)
+    x, fn = _inputs(m, 640, device=device, seed=5)
     for _ in range(2):
-        out, sq = _poisoned(20, 24, 2, device)
-        hp.hc_prenorm_gemm(x, fn, out, sq, 2, _config={"p": 3, "block_m": 16})
-        _check(x, fn, out, sq, 2)
+        out, sq = _poisoned(m, 24, S, device)
+        hp.hc_prenorm_gemm(x, fn, out, sq, S, _config=cfg)
+        _check(x, fn, out, sq, S)
     assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values())
 
 

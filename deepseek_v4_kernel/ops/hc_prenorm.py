@@ -68,11 +68,18 @@ def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stri
 
 
 @triton.jit
-def _gather(tot, tsq, ws_ptr, wss_ptr, z, m, rows64, cols, o_mask, row_ok, NP: tl.constexpr):
-    zq = z.to(tl.int64)
-    tot += tl.load(ws_ptr + (zq * m + rows64[:, None]) * NP + cols[None, :],
-                   mask=o_mask, other=0.0, cache_modifier=".cg")
-    tsq += tl.load(wss_ptr + zq * m + rows64, mask=row_ok, other=0.0, cache_modifier=".cg")
+def _gather(tot, tsq, ws_ptr, wss_ptr, z0, q0, P, m, r64, r_ok, cols, col_ok,
+            NP: tl.constexpr, PB: tl.constexpr):
+    # PB partials x RB rows x NP columns in one load, summed over the partials
+    qs = q0 + tl.arange(0, PB)
+    q_ok = qs < P
+    base = (z0 + qs).to(tl.int64)[:, None] * m + r64[None, :]  # [PB, RB]
+    qr_ok = q_ok[:, None] & r_ok[None, :]
+    t = tl.load(ws_ptr + base[:, :, None] * NP + cols[None, None, :],
+                mask=qr_ok[:, :, None] & col_ok[None, None, :], other=0.0,
+                cache_modifier=".cg")
+    tot += tl.sum(t, axis=0)
+    tsq += tl.sum(tl.load(wss_ptr + base, mask=qr_ok, other=0.0, cache_modifier=".cg"), axis=0)
     return tot, tsq
 
 
@@ -84,9 +91,11 @@ def _hc_prenorm_kernel(
     stride_os, stride_om, stride_on, stride_ss, stride_sm,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NP: tl.constexpr,
     KB: tl.constexpr, USE_WS: tl.constexpr, BF16X2: tl.constexpr,
-    INTERP_IT: tl.constexpr, INTERP_P: tl.constexpr,
+    RB: tl.constexpr, PB: tl.constexpr,
+    INTERP_IT: tl.constexpr, INTERP_PQ: tl.constexpr,
 ):
-    # INTERP_IT / INTERP_P > 0 only under TRITON_INTERPRET=1: triton 3.6's interpreter
+    # The last arrival reduces RB rows x PB partials per load (RB <= BLOCK_M rows).
+    # INTERP_IT / INTERP_PQ > 0 only under TRITON_INTERPRET=1: triton 3.6's interpreter
     # (numpy >= 2.3) cannot run range() with runtime bounds, so there the loops run a
     # host-computed constant trip count over the same masked body.
     pid_m = tl.program_id(0)
@@ -143,19 +152,26 @@ def _hc_prenorm_kernel(
             # last arrival: reset the counter for the next launch / graph replay,
             # then reduce the P partials in a fixed order (deterministic).
             tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")
-            tot = tl.zeros((BLOCK_M, NP), dtype=tl.float32)
-            tsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
             z0 = s * P
-            if INTERP_P > 0:
-                for q in range(0, INTERP_P):
-                    tot, tsq = _gather(tot, tsq, ws_ptr, wss_ptr, z0 + q, m, rows64, cols,
-                                       o_mask, row_ok, NP)
-            else:
-                for q in range(0, P):
-                    tot, tsq = _gather(tot, tsq, ws_ptr, wss_ptr, z0 + q, m, rows64, cols,
-                                       o_mask, row_ok, NP)
-            tl.store(o_ptrs, tot, mask=o_mask)
-            tl.store(s_ptrs, tsq, mask=row_ok)
+            for r0 in tl.static_range(0, BLOCK_M, RB):
+                if pid_m * BLOCK_M + r0 < m:
+                    r = pid_m * BLOCK_M + r0 + tl.arange(0, RB)
+                    r_ok = r < m
+                    r64 = r.to(tl.int64)
+                    tot = tl.zeros((RB, NP), dtype=tl.float32)
+                    tsq = tl.zeros((RB,), dtype=tl.float32)
+                    if INTERP_PQ > 0:
+                        for qi in range(0, INTERP_PQ):
+                            tot, tsq = _gather(tot, tsq, ws_ptr, wss_ptr, z0, qi * PB, P, m, r64,
+                                               r_ok, cols, col_ok, NP, PB)
+                    else:
+                        for q0 in range(0, P, PB):
+                            tot, tsq = _gather(tot, tsq, ws_ptr, wss_ptr, z0, q0, P, m, r64,
+                                               r_ok, cols, col_ok, NP, PB)
+                    tl.store(out_ptr + s * stride_os + r64[:, None] * stride_om
+                             + cols[None, :] * stride_on, tot,
+                             mask=r_ok[:, None] & col_ok[None, :])
+                    tl.store(sq_ptr + s * stride_ss + r64 * stride_sm, tsq, mask=r_ok)
     else:
         tl.store(o_ptrs, acc, mask=o_mask)
         tl.store(s_ptrs, sq, mask=row_ok)
@@ -220,7 +236,7 @@ def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None =
         p = min(p, max(1, (128 * 1024) // (rows * _NPAD * 4)), nb_min, 128)
     p = max(1, min(o.get("p", p), max(nb_min, 1)))
     bk = o.get("block_k", 64)
-    return dict(block_m=bm, block_k=bk, p=p,
+    return dict(block_m=bm, block_k=bk, p=p, pb=o.get("pb"),
                 num_warps=o.get("num_warps", 4),
                 num_stages=o.get("num_stages", 3))
 
@@ -299,6 +315,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
     else:
         ws, wss, cnt = out3, sq2, sq2  # unused (USE_WS=False)
     grid = (triton.cdiv(m, cfg["block_m"]), S * P)
+    rb = min(cfg["block_m"], triton.next_power_of_2(m))
+    pb = cfg.get("pb") or min(triton.next_power_of_2(P), max(1, 8192 // (rb * _NPAD)))
     interp_it = 0
     if _interpret():  # constant trip count: longest sub-slice / BLOCK_K
         nb = triton.cdiv(K, _KBLOCK)
@@ -312,7 +330,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         out3.stride(0), out3.stride(1), out3.stride(2), sq2.stride(0), sq2.stride(1),
         BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], NP=_NPAD, KB=_KBLOCK,
         USE_WS=P > 1, BF16X2=bf16x2,
-        INTERP_IT=interp_it, INTERP_P=P if interp_it else 0,
+        RB=rb, PB=pb,
+        INTERP_IT=interp_it, INTERP_PQ=triton.cdiv(P, pb) if interp_it else 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return None
