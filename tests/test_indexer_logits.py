@@ -191,3 +191,25 @@ def test_cuda_graph_and_smem():
                 assert compiled.metadata.shared <= 101376, compiled.metadata.shared
                 n += 1
     assert n >= 1
+
+
+def test_shim_signatures():
+    """Keyword names/order as DeepGEMM's pybind registration and SGLang's fallbacks (docs/indexer_logits.md)."""
+    import inspect
+
+    def params(f):
+        return [(p.name, p.default) for p in inspect.signature(f).parameters.values()]
+
+    E = inspect.Parameter.empty
+    assert params(op.fp8_paged_mqa_logits) == [
+        ("q", E), ("kv_cache", E), ("weights", E), ("context_lens", E), ("block_table", E),
+        ("schedule_meta", E), ("max_context_len", E), ("clean_logits", False), ("indices", None)]
+    assert params(op.fp8_mqa_logits) == [
+        ("q", E), ("kv", E), ("weights", E), ("cu_seq_len_k_start", E), ("cu_seq_len_k_end", E),
+        ("clean_logits", True), ("max_seqlen_k", 0)]
+    assert params(op.get_paged_mqa_logits_metadata) == [
+        ("context_lens", E), ("block_kv", E), ("num_sms", E), ("indices", None)]
+    for f in (op.fp8_paged_mqa_logits_torch, op.fp8_paged_mqa_logits_torch_sm120, op.tilelang_fp8_paged_mqa_logits):
+        assert params(f) == [
+            ("q_fp8", E), ("kvcache_fp8", E), ("weight", E), ("seq_lens", E), ("page_table", E),
+            ("deep_gemm_metadata", E), ("max_seq_len", E), ("clean_logits", True)]
