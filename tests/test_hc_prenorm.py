@@ -256,3 +256,71 @@ def test_gpu_cuda_graph_replay_and_determinism():
 def test_gpu_shared_memory_within_sm120_limit(m, num_splits):
     smem = hp.compiled_smem(m=m, num_splits=num_splits)
     assert smem <= hp.SMEM_LIMIT, f"{smem} B > {hp.SMEM_LIMIT} B"
+
+
+# ------------------------------------------------------------------- sm_120 AOT (CPU)
+_AOT_CASES = [(1, None, True), (64, None, True), (8192, None, True), (8192, 4, True),
+              (512, None, False)]
+
+_AOT_SCRIPT = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from deepseek_v4_kernel.ops import hc_prenorm as hp
+
+res = []
+for m, S, bf16x2 in json.loads(sys.argv[1]):
+    cfg = hp.choose_config(m, 16384, S or 1, 188)  # RTX PRO 6000: 188 SMs
+    ints = ["m", "n", "K", "S", "P", "stride_xm", "stride_fn", "stride_os", "stride_om",
+            "stride_on", "stride_ss", "stride_sm"]
+    sig = {"x_ptr": "*bf16", "fn_ptr": "*fp32", "out_ptr": "*fp32", "sq_ptr": "*fp32",
+           "ws_ptr": "*fp32", "wss_ptr": "*fp32", "cnt_ptr": "*i32"}
+    sig.update({k: "i32" for k in ints})
+    rb = min(cfg["block_m"], triton.next_power_of_2(m))
+    pb = min(triton.next_power_of_2(cfg["p"]), max(1, 8192 // (rb * 32)))
+    const = dict(stride_xk=1, stride_fk=1, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"],
+                 NP=32, KB=64, USE_WS=cfg["p"] > 1, BF16X2=bf16x2, RB=rb, PB=pb,
+                 INTERP_IT=0, INTERP_PQ=0)
+    sig.update({k: "constexpr" for k in const})
+    k = triton.compile(ASTSource(hp._hc_prenorm_kernel, sig, const),
+                       target=GPUTarget("cuda", 120, 32),
+                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    ptx = k.asm["ptx"]
+    res.append(dict(case=[m, S, bf16x2], cfg=cfg, shared=k.metadata.shared,
+                    sm120a=".target sm_120a" in ptx, mma_sync="mma.sync" in ptx,
+                    wgmma="wgmma" in ptx, tcgen05="tcgen05" in ptx))
+print("AOT" + json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm120_aot():
+    """Compile the variants DeepSeek-V4 uses (K=16384) for sm_120a in a subprocess
+    (the test process runs Triton in interpreter mode)."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, json.dumps(_AOT_CASES)], env=env,
+                       capture_output=True, text=True, timeout=300, cwd=root)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("AOT")]
+    if r.returncode != 0 or not line:
+        if "ptxas" in r.stderr or "No such file" in r.stderr:
+            pytest.skip("no ptxas for sm_120 here: " + r.stderr[-200:])
+        raise AssertionError("sm_120 AOT compile failed:\n" + r.stderr[-3000:])
+    return {tuple(d["case"]): d for d in json.loads(line[0][3:])}
+
+
+@pytest.mark.parametrize("case", _AOT_CASES)
+def test_sm120_aot_compile_smem_and_no_sm90_only_instructions(sm120_aot, case):
+    """Each variant compiles for sm_120a with <= 101376 B shared memory and uses
+    mma.sync only (no wgmma / tcgen05, which SM120 lacks)."""
+    d = sm120_aot[tuple(case)]
+    assert d["sm120a"]
+    assert d["shared"] <= hp.SMEM_LIMIT, d
+    assert d["mma_sync"] and not d["wgmma"] and not d["tcgen05"], d

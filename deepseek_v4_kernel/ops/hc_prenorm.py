@@ -220,20 +220,25 @@ def _counters(device: torch.device):
 
 
 def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None = None) -> dict:
-    """Tile shape and sub-split count P for one call (host-side, shape-only)."""
+    """Tile shape and sub-split count P for one call (host-side, shape-only).
+
+    Picked from the H100 sweeps (docs/hc_prenorm.md): fill ~2 programs per SM, but cap
+    P where the last arrival's reduction starts to dominate (decode rows) or where
+    more partials stop paying (large m). Caps measured: m=1 -> 128, m=8 -> 64,
+    m=64 -> 32 (block_m 16); m=512 -> 16, m=8192 -> 2 (block_m 64)."""
     o = overrides or {}
-    bm = 16 if m <= 64 else 64
-    bm = o.get("block_m", bm)
+    bm = o.get("block_m", 16 if m <= 64 else 64)
     m_tiles = triton.cdiv(m, bm)
     groups = m_tiles * S
     nb_min = triton.cdiv(K, _KBLOCK) // S  # blocks in the smallest split
     target = 2 * num_sms
     p = 1
     if groups < target and nb_min >= 2 and groups <= _COUNTER_CAP:
-        p = triton.cdiv(target, groups)
-        # keep the last program's reduction short: <= ~128 KiB of partials to read
-        rows = min(m, bm)
-        p = min(p, max(1, (128 * 1024) // (rows * _NPAD * 4)), nb_min, 128)
+        if bm <= 16:
+            cap = 128 if m <= 4 else (64 if m <= 16 else 32)
+        else:
+            cap = 16 if m_tiles <= 16 else 2
+        p = min(triton.cdiv(target, groups), cap, nb_min)
     p = max(1, min(o.get("p", p), max(nb_min, 1)))
     bk = o.get("block_k", 64)
     return dict(block_m=bm, block_k=bk, p=p, pb=o.get("pb"),
