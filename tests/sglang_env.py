@@ -89,3 +89,98 @@ def parse_report(stdout: str):
         if line.startswith("REPORT="):
             return json.loads(line[len("REPORT="):])
     raise AssertionError(f"no report in output:\n{stdout}")
+
+
+# Third-party packages a CPU test machine lacks and SGLang's DeepSeek-V4 modules import at import time.
+STAND_IN = ("transformers", "tilelang", "tvm_ffi", "deep_gemm", "flashinfer", "sgl_kernel")
+
+# Controlled imports for modules whose import chain reaches packages a CPU machine does not have
+# (STAND_IN). A finder placed LAST on sys.meta_path serves a permissive stand-in for those names
+# when no real finder finds them, so the real SGLang source of the target module executes.
+STUB_MISSING_MODULES = textwrap.dedent(
+    """
+    import importlib.abc, importlib.machinery, sys, types
+
+    class _StubMeta(type):
+        def __getattr__(cls, name):
+            if name.startswith("__") and name.endswith("__"):
+                raise AttributeError(name)
+            return _stub_class(f"{cls.__name__}.{name}")
+        def __call__(cls, *args, **kwargs):
+            if len(args) == 1 and callable(args[0]) and not kwargs:
+                return args[0]  # used as a decorator
+            return _stub_class(cls.__name__ + "()")
+        def __getitem__(cls, item):
+            return cls
+        def __iter__(cls):
+            return iter(())
+        def __or__(cls, other):
+            return cls
+        __ror__ = __or__
+        def __bool__(cls):
+            return False
+
+    def _stub_class(name):
+        return _StubMeta(name, (), {})
+
+    class _StubModule(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__") and name.endswith("__"):
+                raise AttributeError(name)
+            return _stub_class(f"{self.__name__}.{name}")
+        def __call__(self, *args, **kwargs):  # a stood-in package used as a decorator (tilelang.jit)
+            if len(args) == 1 and callable(args[0]) and not kwargs:
+                return args[0]
+            return _stub_class(self.__name__ + "()")
+
+    class _StubLoader(importlib.abc.Loader):
+        def create_module(self, spec):
+            m = _StubModule(spec.name)
+            m.__path__ = []
+            m.__dsv4_stub__ = True
+            return m
+        def exec_module(self, module):
+            pass
+
+    class _StubMissing(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname.split(".")[0] not in STAND_IN:
+                return None
+            return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+
+    STAND_IN = set(%r)
+    sys.meta_path.append(_StubMissing())
+    """
+) % (STAND_IN,)
+
+
+def real_module_prelude(target: str) -> str:
+    """Code that makes ``import <target>`` execute the target's real source file while every other
+    ``sglang.*`` module it imports is a stand-in (and its parent packages are bare packages over the
+    real directories, their __init__ not run). For SGLang modules whose import chain cannot load on a
+    CPU machine (model configs needing transformers, tilelang kernels, ...). Combine with
+    STUB_MISSING_MODULES for third-party names."""
+    return STUB_MISSING_MODULES + textwrap.dedent(
+        f"""
+        import os
+        _TARGET = {target!r}
+        _PARENTS = set()
+        _p = _TARGET
+        while "." in _p:
+            _p = _p.rsplit(".", 1)[0]
+            _PARENTS.add(_p)
+        _BASE = [p for p in sys.path if os.path.isdir(os.path.join(p, "sglang"))][0]
+
+        class _ControlledSGLang(importlib.abc.MetaPathFinder):
+            def find_spec(self, fullname, path, target=None):
+                if fullname.split(".")[0] != "sglang" or fullname == _TARGET:
+                    return None  # the target itself: the normal finders load its real file
+                if fullname in _PARENTS:
+                    spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+                    spec.submodule_search_locations = [os.path.join(_BASE, *fullname.split("."))]
+                    return spec
+                return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+
+        sys.meta_path.insert(0, _ControlledSGLang())
+        """
+    )

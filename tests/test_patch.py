@@ -248,4 +248,5 @@ def test_every_target_row_is_well_formed():
         if t.kind == "replace":
             mod, _, fn = t.replacement.partition(":")
             assert mod.startswith("deepseek_v4_kernel.ops.") and fn, t
-            assert t.params, f"{t}: a replacement must list the keywords its callers pass"
+            if t.callers:
+                assert t.params, f"{t}: a replacement must list the keywords its callers pass"

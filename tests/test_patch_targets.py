@@ -181,3 +181,79 @@ def test_flash_mla_signature_covers_what_sglang_0_5_12_passes():
 def test_readme_table_matches_target_table():
     readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
     assert targets.markdown_table() in readme, "README's target table is stale: paste targets.markdown_table()"
+
+
+def _patch_real_module(version, module, env=FORCE):
+    """Import ``module`` from the real SGLang sources (other sglang modules stood in) and report."""
+    from sglang_env import real_module_prelude
+
+    code = real_module_prelude(module) + f"\nimport os, {module}\n" + \
+        "print('ENV=' + repr({k: os.environ.get(k) for k in ('SGLANG_FP8_PAGED_MQA_LOGITS_TORCH', " \
+        "'SGLANG_OPT_DEEPGEMM_HC_PRENORM')}))\n" + REPORT_JSON
+    r = run_child(code, path=[sglang_dir(version)], env=env)
+    assert r.returncode == 0, r.stderr
+    env_line = next(l for l in r.stdout.splitlines() if l.startswith("ENV="))
+    return {x["target"]: x for x in parse_report(r.stdout)}, eval(env_line[4:])
+
+
+INDEXER_MODULES = {
+    "0.5.12": [("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch"),
+               ("sglang.srt.layers.attention.dsv4.tilelang_kernel", "tilelang_fp8_paged_mqa_logits")],
+    "0.5.17": [("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),
+               ("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits")],
+    "0.5.23": [("sglang.srt.layers.attention.dsv4.indexer", "fp8_paged_mqa_logits_torch_sm120"),
+               ("sglang.kernels.ops.attention.dsa.tilelang_kernel", "tilelang_fp8_paged_mqa_logits")],
+}
+
+
+@pytest.mark.parametrize("version", sorted(INDEXER_MODULES))
+def test_indexer_rows_patch_real_modules(version):
+    for module, attr in INDEXER_MODULES[version]:
+        rows, env = _patch_real_module(version, module)
+        row = rows[f"{module}.{attr}"]
+        assert row["status"] == "patched", row
+        # the torch-path gate is ours to set only where SGLang does not choose on SM120 itself
+        assert env["SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"] == ("1" if version == "0.5.12" else None)
+
+
+@pytest.mark.parametrize("version", targets.TESTED)
+def test_indexer_dispatch_passes_eight_positional_arguments(version):
+    """The rows list the fallback's parameter names: SGLang passes all eight positionally, as `fn(...)`."""
+    path = _source(version, "sglang.srt.layers.attention.dsv4.indexer")
+    calls = [n for n in ast.walk(ast.parse(open(path).read()))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "fn"]
+    assert any(len(c.args) == 8 and not c.keywords for c in calls), f"SGLang {version}: dispatch call changed"
+    src = open(path).read()
+    sig = src[src.index("def fp8_paged_mqa_logits_torch("):].split(")")[0]
+    for name in ("q_fp8", "kvcache_fp8", "weight", "seq_lens", "page_table", "deep_gemm_metadata", "max_seq_len",
+                 "clean_logits"):
+        assert name in sig, (version, name)
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_hc_prenorm_rows_patch_real_modules(version):
+    rows, env = _patch_real_module(version, "sglang.srt.layers.deep_gemm_wrapper.entrypoint")
+    assert rows["sglang.srt.layers.deep_gemm_wrapper.entrypoint.tf32_hc_prenorm_gemm"]["status"] == "patched"
+    if version == "0.5.23":
+        assert env["SGLANG_OPT_DEEPGEMM_HC_PRENORM"] == "1"
+        rows, _ = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc")
+        assert rows["sglang.kernels.ops.layernorm.mhc._use_deep_gemm_hc_prenorm"]["status"] == "patched"
+    else:  # 0.5.17 forces the flag off itself: we leave that version's hc path alone
+        assert env["SGLANG_OPT_DEEPGEMM_HC_PRENORM"] is None
+
+
+def test_hc_prenorm_user_setting_wins():
+    rows, env = _patch_real_module("0.5.23", "sglang.kernels.ops.layernorm.mhc",
+                                   env={**FORCE, "SGLANG_OPT_DEEPGEMM_HC_PRENORM": "0"})
+    assert env["SGLANG_OPT_DEEPGEMM_HC_PRENORM"] == "0"
+    assert next(r for r in rows.values() if r["target"] == "SGLANG_OPT_DEEPGEMM_HC_PRENORM")["status"] == "left"
+
+
+def test_deep_gemm_prenorm_is_replaced_when_deep_gemm_is_imported(tmp_path):
+    """No DeepGEMM wheel installs on a CPU machine: a stand-in module with the same attribute
+    shows the row applies to whichever deep_gemm the image has."""
+    (tmp_path / "deep_gemm.py").write_text("def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):\n"
+                                           "    raise RuntimeError('Unsupported architecture')\n")
+    r = run_child("import deep_gemm\nprint('WRAPPED=%s' % hasattr(deep_gemm.tf32_hc_prenorm_gemm, '__dsv4_original__'))",
+                  path=[sglang_dir("0.5.23"), str(tmp_path)], env=FORCE)
+    assert "WRAPPED=True" in r.stdout, r.stdout + r.stderr

@@ -367,3 +367,23 @@ def compiled_smem(m: int = 1, K: int = 16384, num_splits=None, device="cuda", _c
     sq = torch.empty(S, m, device=device)
     hc_prenorm_gemm(x, fn, out, sq, S, _config=_config)
     return int(last_compiled.metadata.shared)
+
+
+def use_deep_gemm_hc_prenorm() -> bool:
+    """Replacement for SGLang 0.5.23's ``sglang.kernels.ops.layernorm.mhc._use_deep_gemm_hc_prenorm``.
+
+    SGLang's version also requires ``ENABLE_JIT_DEEPGEMM``, which is False on SM120, so the
+    DeepGEMM pre-norm GEMM (ours, once patched) is never chosen there. This keeps SGLang's own
+    flag and ROCm check, and asks only that ``deep_gemm`` be importable: one caller
+    (the fused post/pre step, mhc.py:1746) does ``import deep_gemm`` itself, and the patch layer
+    replaces ``deep_gemm.tf32_hc_prenorm_gemm`` when it is imported. Without ``deep_gemm`` the
+    answer is False and SGLang keeps its torch path: slower, never a crash.
+    """
+    import importlib.util
+
+    from sglang.srt.environ import envs
+    from sglang.srt.utils import is_hip
+
+    if is_hip() or not envs.SGLANG_OPT_DEEPGEMM_HC_PRENORM.get():
+        return False
+    return importlib.util.find_spec("deep_gemm") is not None

@@ -94,6 +94,9 @@ _SPARSE_DECODE_KWARGS = (
     "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length",
 )
 
+_INDEXER_PARAMS = ("q_fp8", "kvcache_fp8", "weight", "seq_lens", "page_table", "deep_gemm_metadata",
+                   "max_seq_len", "clean_logits")  # callers pass them positionally, in this order
+
 TARGETS: Tuple[Target, ...] = (
     # --- sparse decode ------------------------------------------------------------------
     # 0.5.12: DeepseekV4 backend calls flash_mla.flash_mla_with_kvcache (the FlashMLA wheel),
@@ -121,6 +124,80 @@ TARGETS: Tuple[Target, ...] = (
         first="0.5.16", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
         callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
         note="deepseek_v4_backend.py imports it inside the forward, at call time",
+    ),
+    # --- indexer paged MQA logits (docs/indexer_logits.md) -----------------------------------
+    # 0.5.12-0.5.15.post1 default to DeepGEMM's fp8_paged_mqa_logits, which has no SM120 kernel,
+    # and nothing in SGLang picks another path on SM120: select SGLang's torch path (its metadata
+    # code then skips `import deep_gemm` too) and replace that function with ours.
+    Target(
+        op="indexer_logits", module="", attr="SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", kind="env", value="1",
+        first="0.5.12", last="0.5.15.post1",
+        note="dsv4/indexer.py:380 (0.5.12) reads it at call time; no SM120 override before 0.5.16",
+    ),
+    Target(
+        op="indexer_logits", module="sglang.srt.layers.attention.dsv4.indexer", attr="fp8_paged_mqa_logits_torch",
+        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        first="0.5.12", last="0.5.12.post1", params=_INDEXER_PARAMS,
+        note="chosen by the env gate; looked up as a module global at call time",
+    ),
+    Target(
+        op="indexer_logits", module="sglang.srt.layers.attention.dsv4.indexer", attr="fp8_paged_mqa_logits_torch_sm120",
+        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        first="0.5.13", params=_INDEXER_PARAMS,
+        note="SGLang's torch SM120 path (env gate before 0.5.16; SGLang's own SM120 flags after)",
+    ),
+    # 0.5.16+: SGLang sets SGLANG_OPT_USE_TILELANG_INDEXER on SM120, and the TileLang kernel wins
+    # the dispatch; it is imported from its module at call time. Earlier versions reach TileLang
+    # only when the user sets that flag.
+    Target(
+        op="indexer_logits", module="sglang.srt.layers.attention.dsv4.tilelang_kernel",
+        attr="tilelang_fp8_paged_mqa_logits",
+        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        first="0.5.12", last="0.5.12.post1", params=_INDEXER_PARAMS,
+    ),
+    Target(
+        op="indexer_logits", module="sglang.srt.layers.attention.dsa.tilelang_kernel",
+        attr="tilelang_fp8_paged_mqa_logits",
+        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        first="0.5.13", last="0.5.15.post1", params=_INDEXER_PARAMS,
+    ),
+    Target(
+        op="indexer_logits", module="sglang.kernels.ops.attention.dsa.tilelang_kernel",
+        attr="tilelang_fp8_paged_mqa_logits",
+        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        first="0.5.16", params=_INDEXER_PARAMS,
+    ),
+    # --- hc_prenorm (docs/hc_prenorm.md) ------------------------------------------------------
+    # Whoever imports DeepGEMM gets our pre-norm GEMM (DeepGEMM's is SM90/SM100 only; 0.5.12
+    # calls it directly from srt/layers/mhc.py and models/deepseek_v4.py).
+    Target(
+        op="hc_prenorm", module="deep_gemm", attr="tf32_hc_prenorm_gemm",
+        replacement="deepseek_v4_kernel.ops.hc_prenorm:tf32_hc_prenorm_gemm",
+        first="0.5.12", params=("num_splits",),
+        note="callers pass (x, fn, out, sqrsum, num_splits=...)",
+    ),
+    # SGLang's wrapper: on SM120 ENABLE_JIT_DEEPGEMM is False, so `deep_gemm` is never bound in
+    # it and the original would raise NameError whenever a caller chooses this path.
+    Target(
+        op="hc_prenorm", module="sglang.srt.layers.deep_gemm_wrapper.entrypoint", attr="tf32_hc_prenorm_gemm",
+        replacement="deepseek_v4_kernel.ops.hc_prenorm:sglang_tf32_hc_prenorm_gemm",
+        first="0.5.13", params=("x", "fn", "out", "sqrsum", "num_splits"),
+        note="imported inside the callers' functions, at call time",
+    ),
+    # 0.5.23: SGLang turns the DeepGEMM pre-norm path off on SM120 only when the user left the
+    # flag unset (arg_groups/model_hook.py:494), and its gate also needs ENABLE_JIT_DEEPGEMM.
+    # Earlier versions force it off unconditionally (0.5.13-0.5.19) or import deep_gemm
+    # unguarded behind the flag (0.5.20): left alone there (SGLang's torch path runs).
+    Target(
+        op="hc_prenorm", module="", attr="SGLANG_OPT_DEEPGEMM_HC_PRENORM", kind="env", value="1",
+        first="0.5.23", last="0.5.23",
+        note="read at call time by mhc._use_deep_gemm_hc_prenorm and deepseek_v4.py:3462",
+    ),
+    Target(
+        op="hc_prenorm", module="sglang.kernels.ops.layernorm.mhc", attr="_use_deep_gemm_hc_prenorm",
+        replacement="deepseek_v4_kernel.ops.hc_prenorm:use_deep_gemm_hc_prenorm",
+        first="0.5.23", last="0.5.23", params=(),
+        note="module global, called at call time by mhc_pre and the fused post/pre step",
     ),
 )
 
