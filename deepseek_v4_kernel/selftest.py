@@ -1,0 +1,112 @@
+"""Quick GPU self-test of every op against its float64 reference (run by the doctor).
+
+Each check draws fresh random inputs at a DeepSeek-V4-like shape, poisons the output, runs
+the op and reports the relative error ||out - ref|| / ||ref|| against a per-dtype bound.
+The full coverage lives in tests/; this is the "does it work on this machine" answer.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Callable, Dict, List
+
+
+def _rel(out, ref) -> float:
+    import torch
+
+    out = out.double().cpu()
+    ref = ref.double().cpu()
+    finite = torch.isfinite(ref)
+    if not torch.equal(finite, torch.isfinite(out)):
+        return float("inf")
+    num = (out[finite] - ref[finite]).norm().item()
+    den = ref[finite].norm().item()
+    return num / max(den, 1e-30)
+
+
+def check_sparse_decode(device: str = "cuda") -> str:
+    import torch
+
+    from .ops.sparse_decode import sparse_decode
+    from .reference.sparse_decode import pack_fp8_ds_mla, sparse_decode_ref
+
+    g = torch.Generator(device="cpu").manual_seed(int(time.time()))
+    b, s_q, h_q, page, topk, extra_topk = 2, 2, 64, 64, 128, 192
+    kv = torch.randn(8 * page, 512, generator=g).to(torch.bfloat16)
+    ekv = torch.randn(4 * page, 512, generator=g).to(torch.bfloat16)
+    cache = pack_fp8_ds_mla(kv, page).cuda()
+    ecache = pack_fp8_ds_mla(ekv, page).cuda()
+    q = (torch.randn(b, s_q, h_q, 512, generator=g) * 0.5).to(torch.bfloat16).cuda()
+    idx = torch.randint(-1, kv.shape[0], (b, s_q, topk), generator=g, dtype=torch.int32).cuda()
+    eidx = torch.randint(-1, ekv.shape[0], (b, s_q, extra_topk), generator=g, dtype=torch.int32).cuda()
+    tl_ = torch.tensor([topk - 5, 37], dtype=torch.int32).cuda()
+    etl = torch.tensor([extra_topk, 101], dtype=torch.int32).cuda()
+    sink = torch.randn(h_q, generator=g).cuda()
+    kwargs = dict(topk_length=tl_, extra_k_cache=ecache, extra_indices=eidx, extra_topk_length=etl, attn_sink=sink,
+                  softmax_scale=512 ** -0.5)
+    out, lse = sparse_decode(q, cache, idx, **kwargs)
+    ref_out, ref_lse = sparse_decode_ref(q, cache, idx, **kwargs)
+    e = _rel(out, ref_out)
+    el = _rel(lse, ref_lse)
+    assert e < 1e-2 and el < 1e-3, f"out rel err {e:.2e} (bound 1e-2, bf16 output), lse rel err {el:.2e}"
+    return f"b={b} s_q={s_q} h_q={h_q} topk={topk}+{extra_topk} sink: out rel err {e:.1e}, lse {el:.1e}"
+
+
+def check_indexer_logits(device: str = "cuda") -> str:
+    import torch
+
+    from .ops.indexer_logits import paged_mqa_logits  # noqa: I001
+    from .reference.indexer_logits import pack_paged_k_cache, paged_mqa_logits_ref
+
+    b, next_n, H, blocks_per_row = 3, 2, 64, 5
+    max_len = blocks_per_row * 64
+    k = torch.randn(b * blocks_per_row, 64, 128)
+    cache = pack_paged_k_cache(k).to(device)
+    q = (torch.randn(b, next_n, H, 128) * 0.3).to(torch.float8_e4m3fn).to(device)
+    w = torch.randn(b * next_n, H).to(device)
+    lens = torch.tensor([max_len, 77, 1], dtype=torch.int32).to(device)
+    perm = torch.randperm(b * blocks_per_row).to(torch.int32)
+    table = perm.reshape(b, blocks_per_row).to(device)
+    out = paged_mqa_logits(q, cache, w, lens, table, max_len, clean_logits=True)
+    ref = paged_mqa_logits_ref(q, cache, w, lens, table, max_len)
+    e = _rel(out, ref)
+    assert e < 2e-3, f"rel err {e:.2e} (bound 2e-3: fp8 products exact, fp32 accumulation)"
+    return f"paged b={b} next_n={next_n} H={H} len<={max_len}: rel err {e:.1e}"
+
+
+def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
+    import torch
+
+    from .ops.hc_prenorm import hc_prenorm_gemm
+    from .reference.hc_prenorm import hc_prenorm_gemm_ref
+
+    m, n, S = 37, 24, 4
+    x = torch.randn(m, K).to(torch.bfloat16).to(device)
+    fn = (torch.randn(n, K) * K ** -0.5).to(device)
+    out = torch.full((S, m, n), float("nan"), device=device)
+    sq = torch.full((S, m), float("nan"), device=device)
+    hc_prenorm_gemm(x, fn, out, sq, S)
+    ref_out, ref_sq = hc_prenorm_gemm_ref(x, fn, S)
+    e, es = _rel(out, ref_out), _rel(sq, ref_sq)
+    assert e < 2e-3 and es < 1e-5, f"out rel err {e:.2e} (bound 2e-3, tf32 class), sqrsum {es:.2e} (bound 1e-5)"
+    return f"m={m} K={K} splits={S}: out rel err {e:.1e}, sqrsum {es:.1e}"
+
+
+CHECKS: Dict[str, Callable[[], str]] = {
+    "sparse_decode": check_sparse_decode,
+    "indexer_logits": check_indexer_logits,
+    "hc_prenorm": check_hc_prenorm,
+}
+
+
+def run_all() -> List[dict]:
+    results = []
+    for op, fn in CHECKS.items():
+        try:
+            detail = fn()
+            results.append({"op": op, "ok": True, "detail": detail})
+        except Exception as e:
+            tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
+            results.append({"op": op, "ok": False, "detail": f"{type(e).__name__}: {e} ({tb})"})
+    return results

@@ -1,0 +1,53 @@
+"""The doctor runs anywhere, and its self-test checks are themselves correct (run here on the CPU
+under the Triton interpreter at small sizes; on a GPU at full size)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HAS_CUDA, ROOT
+from deepseek_v4_kernel import selftest
+
+
+def test_doctor_json_runs_without_gpu_and_lists_every_target():
+    r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "doctor", "--json", "--no-selftest"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    from deepseek_v4_kernel.patch.targets import TARGETS
+
+    assert len(d["patch"]["targets"]) == len(TARGETS)
+    assert "extension" in d and "versions" in d
+
+
+def test_doctor_text_says_what_would_happen():
+    r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "doctor"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300, env={"PATH": "/usr/bin:/bin", "DSV4_KERNEL_FORCE": "1",
+                                                   "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+    assert "patch layer: ACTIVE" in r.stdout
+    assert "self-test:" in r.stdout
+
+
+def test_cli_usage_errors():
+    r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "nonsense"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "usage" in r.stderr
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU variant runs in the doctor")
+def test_selftest_indexer_check_on_cpu_interpreter():
+    assert "rel err" in selftest.check_indexer_logits(device="cpu")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU variant runs in the doctor")
+def test_selftest_hc_prenorm_check_on_cpu_interpreter():
+    assert "rel err" in selftest.check_hc_prenorm(device="cpu", K=512)
+
+
+@pytest.mark.gpu
+def test_selftest_all_pass_on_gpu():
+    results = selftest.run_all()
+    assert results and all(r["ok"] for r in results), results
