@@ -1,0 +1,51 @@
+// The one binding of the compiled library: a plain C ABI, loaded with ctypes
+// (deepseek_v4_kernel/_ext.py), independent of the torch / Python version.
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+#include "sparse_decode/params.h"
+
+namespace dsv4 {
+cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream);
+}
+
+#ifndef DSV4_BUILD_ARCHS
+#define DSV4_BUILD_ARCHS "unknown"
+#endif
+
+static thread_local char g_last_error[512] = "";
+
+static int set_error(const char* op, cudaError_t e, const char* what) {
+  snprintf(g_last_error, sizeof(g_last_error), "%s: %s (%s: %s)", op, what, cudaGetErrorName(e),
+           cudaGetErrorString(e));
+  return (int)e;
+}
+
+extern "C" {
+
+const char* dsv4_last_error(void) { return g_last_error; }
+
+const char* dsv4_build_archs(void) { return DSV4_BUILD_ARCHS; }
+
+int dsv4_abi_version(void) { return 1; }
+
+int dsv4_sparse_decode_params_size(void) { return (int)sizeof(SparseDecodeParams); }
+
+int dsv4_sparse_decode(const SparseDecodeParams* p, void* stream) {
+  g_last_error[0] = 0;
+  if (p == nullptr) {
+    snprintf(g_last_error, sizeof(g_last_error), "sparse_decode: null params");
+    return (int)cudaErrorInvalidValue;
+  }
+  if (p->b <= 0 || p->s_q <= 0 || p->h_q <= 0 || p->num_splits <= 0 || p->split_tokens <= 0 ||
+      p->b * p->s_q > 2147483647LL || p->num_splits > 65535) {
+    snprintf(g_last_error, sizeof(g_last_error), "sparse_decode: bad sizes b=%lld s_q=%lld h_q=%lld splits=%lld",
+             (long long)p->b, (long long)p->s_q, (long long)p->h_q, (long long)p->num_splits);
+    return (int)cudaErrorInvalidValue;
+  }
+  cudaError_t e = dsv4::launch_sparse_decode(*p, (cudaStream_t)stream);
+  if (e != cudaSuccess) return set_error("sparse_decode", e, "kernel launch failed");
+  return 0;
+}
+
+}  // extern "C"

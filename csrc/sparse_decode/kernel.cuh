@@ -1,0 +1,273 @@
+// Sparse FP8 MLA decode (DeepSeek-V4 "MODEL1" fp8_ds_mla cache, 584 B per token).
+//
+// Version 1: a correctness-first SIMT kernel (fp32 FMA, no tensor cores yet).
+//   grid  = (b*s_q, ceil(h_q / kHeadTile), num_splits), block = kThreads.
+//   Each block handles kHeadTile heads of one (batch row, query position) and one
+//   contiguous range of the concatenated position list [main topk | extra topk].
+//   Per tile of kTokTile positions: gather + dequantise the selected tokens into smem
+//   (bf16, exact: fp8 * 2^k fits bf16), scores S = Q K^T (fp32), online softmax (base 2),
+//   O += P V (V = K). K/V bytes are read once per block for all kHeadTile heads.
+//   num_splits > 1: each split writes a normalised partial (o, lse) in fp32 and
+//   sparse_decode_combine_kernel merges them, adds attn_sink and writes bf16.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+#include <math.h>
+#include "params.h"
+
+namespace dsv4 {
+
+constexpr int kDim = 512;        // q/k/v head dim (448 NoPE + 64 RoPE)
+constexpr int kNope = 448;
+constexpr int kRowBytes = 576;   // per token data row: 448 fp8 + 64 bf16
+constexpr int kScaleBytes = 8;   // per token scale row: 7 UE8M0 + 1 pad
+constexpr int kHeadTile = 16;    // query heads per block
+constexpr int kTokTile = 32;     // tokens per smem tile
+constexpr int kThreads = 256;
+constexpr int kKPitch = kDim + 8;   // bf16 elements per smem K row (pad vs bank conflicts)
+constexpr int kQPitch = kDim + 8;
+constexpr int kSPitch = kTokTile + 1;
+
+constexpr int kSmemK = kTokTile * kKPitch * 2;       // 33280 B
+constexpr int kSmemQ = kHeadTile * kQPitch * 2;      // 16640 B
+constexpr int kSmemS = kHeadTile * kSPitch * 4;      //  2112 B
+constexpr int kSmemStats = 3 * kHeadTile * 4 + kTokTile * 4;  // m, l, alpha, valid flags
+constexpr int kSmemBytes = kSmemK + kSmemQ + kSmemS + kSmemStats;
+static_assert(kSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
+static_assert(kThreads == kTokTile * 8, "gather mapping: 8 threads per token");
+static_assert(kThreads == kHeadTile * 16, "PV mapping: 16 threads per head");
+
+__device__ __forceinline__ float ue8m0_to_float(uint8_t e) {
+  // 2^(e-127); e = 0 gives 2^-127 (denormal), fine for a scale.
+  return __int_as_float(e == 0 ? 0x00400000 : ((int)e << 23));
+}
+
+// Resolve position p of the concatenated [main | extra] list of row (bi, si).
+// Returns the token's data pointer or nullptr when the slot does not count.
+__device__ __forceinline__ const uint8_t* resolve_slot(const SparseDecodeParams& p, int64_t bi,
+                                                       int64_t si, int64_t pos,
+                                                       const uint8_t** scale_ptr) {
+  const uint8_t* base;
+  int64_t page_stride, page_size, num_pages, idx;
+  if (pos < p.topk) {
+    if (p.topk_length != nullptr && pos >= (int64_t)p.topk_length[bi * p.topk_length_stride])
+      return nullptr;
+    idx = p.indices[bi * p.idx_stride_b + si * p.idx_stride_s + pos * p.idx_stride_k];
+    base = (const uint8_t*)p.k_cache;
+    page_stride = p.k_page_stride; page_size = p.k_page_size; num_pages = p.k_num_pages;
+  } else {
+    int64_t e = pos - p.topk;
+    if (e >= p.extra_topk) return nullptr;
+    if (p.extra_topk_length != nullptr &&
+        e >= (int64_t)p.extra_topk_length[bi * p.extra_topk_length_stride])
+      return nullptr;
+    idx = p.extra_indices[bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s +
+                          e * p.extra_idx_stride_k];
+    base = (const uint8_t*)p.extra_k_cache;
+    page_stride = p.extra_page_stride; page_size = p.extra_page_size; num_pages = p.extra_num_pages;
+  }
+  if (idx < 0 || idx >= num_pages * page_size) return nullptr;
+  int64_t page = idx / page_size, row = idx - page * page_size;
+  const uint8_t* pg = base + page * page_stride;
+  *scale_ptr = pg + page_size * kRowBytes + row * kScaleBytes;
+  return pg + row * kRowBytes;
+}
+
+__global__ void __launch_bounds__(kThreads)
+sparse_decode_kernel(const SparseDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* Ks = (__nv_bfloat16*)smem;                       // kSmemK
+  __nv_bfloat16* Qs = (__nv_bfloat16*)(smem + kSmemK);            // kSmemQ
+  float* Ss = (float*)(smem + kSmemK + kSmemQ);                   // kSmemS
+  float* Ms = Ss + kHeadTile * kSPitch;                           // kSmemStats
+  float* Ls = Ms + kHeadTile;
+  float* As = Ls + kHeadTile;
+  int* Vs = (int*)(As + kHeadTile);
+
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x;             // bi * s_q + si
+  const int64_t bi = row / p.s_q, si = row - bi * p.s_q;
+  const int h0 = blockIdx.y * kHeadTile;
+  const int split = blockIdx.z;
+  const int64_t total = p.topk + p.extra_topk;
+  const int64_t pos_begin = (int64_t)split * p.split_tokens;
+  const int64_t pos_end = min(total, pos_begin + p.split_tokens);
+
+  // Q tile -> smem (heads beyond h_q are zero rows; scalar loads: any even/odd stride works).
+  const __nv_bfloat16* q = (const __nv_bfloat16*)p.q;
+  for (int i = tid; i < kHeadTile * kDim; i += kThreads) {
+    int r = i / kDim, d = i - r * kDim;
+    int h = h0 + r;
+    __nv_bfloat16 v = __float2bfloat16(0.f);
+    if (h < p.h_q) v = q[bi * p.q_stride_b + si * p.q_stride_s + (int64_t)h * p.q_stride_h + d];
+    Qs[r * kQPitch + d] = v;
+  }
+  if (tid < kHeadTile) { Ms[tid] = -INFINITY; Ls[tid] = 0.f; As[tid] = 1.f; }
+
+  const float scale2 = (float)(p.softmax_scale * 1.4426950408889634);
+  // PV ownership: head pr, dims pc*2 + 32*j (+0,+1), j < 16
+  const int pr = tid >> 4, pc = tid & 15;
+  float acc[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) acc[j] = 0.f;
+
+  for (int64_t t0 = pos_begin; t0 < pos_end; t0 += kTokTile) {
+    __syncthreads();  // previous tile fully consumed
+    // ---- gather + dequantise: thread -> (token n, 64-value chunk c)
+    {
+      const int n = tid >> 3, c = tid & 7;
+      const int64_t pos = t0 + n;
+      const uint8_t* sp = nullptr;
+      const uint8_t* tok = pos < pos_end ? resolve_slot(p, bi, si, pos, &sp) : nullptr;
+      __nv_bfloat16* dst = Ks + n * kKPitch + c * 64;
+      if (c == 0) Vs[n] = tok != nullptr;
+      if (tok == nullptr) {
+        uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ((uint4*)dst)[k] = z;
+      } else if (c < 7) {
+        const float s = ue8m0_to_float(sp[c]);
+        const uint4* src = (const uint4*)(tok + c * 64);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          uint4 raw = __ldg(src + k);
+          const uint8_t* b8 = (const uint8_t*)&raw;
+          __align__(16) __nv_bfloat16 o[16];
+#pragma unroll
+          for (int e = 0; e < 16; ++e) {
+            __nv_fp8_e4m3 f; f.__x = b8[e];
+            o[e] = __float2bfloat16((float)f * s);
+          }
+          ((uint4*)dst)[2 * k] = ((uint4*)o)[0];
+          ((uint4*)dst)[2 * k + 1] = ((uint4*)o)[1];
+        }
+      } else {
+        const uint4* src = (const uint4*)(tok + kNope);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ((uint4*)dst)[k] = __ldg(src + k);
+      }
+    }
+    __syncthreads();
+    // ---- scores: thread -> head r, tokens n0 and n0+16
+    {
+      const int r = tid & 15, n0 = tid >> 4, n1 = n0 + 16;
+      const __nv_bfloat162* qr = (const __nv_bfloat162*)(Qs + r * kQPitch);
+      const __nv_bfloat162* k0 = (const __nv_bfloat162*)(Ks + n0 * kKPitch);
+      const __nv_bfloat162* k1 = (const __nv_bfloat162*)(Ks + n1 * kKPitch);
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll 8
+      for (int d = 0; d < kDim / 2; ++d) {
+        float2 qf = __bfloat1622float2(qr[d]);
+        float2 a = __bfloat1622float2(k0[d]);
+        float2 b = __bfloat1622float2(k1[d]);
+        s0 = fmaf(qf.x, a.x, fmaf(qf.y, a.y, s0));
+        s1 = fmaf(qf.x, b.x, fmaf(qf.y, b.y, s1));
+      }
+      Ss[r * kSPitch + n0] = Vs[n0] ? s0 * scale2 : -INFINITY;
+      Ss[r * kSPitch + n1] = Vs[n1] ? s1 * scale2 : -INFINITY;
+    }
+    __syncthreads();
+    // ---- online softmax, one thread per head
+    if (tid < kHeadTile) {
+      float* srow = Ss + tid * kSPitch;
+      float mx = -INFINITY;
+      for (int n = 0; n < kTokTile; ++n) mx = fmaxf(mx, srow[n]);
+      const float m_old = Ms[tid];
+      const float m_new = fmaxf(m_old, mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = exp2f(m_old - m_use);
+      float sum = 0.f;
+      for (int n = 0; n < kTokTile; ++n) {
+        float e = exp2f(srow[n] - m_use);
+        srow[n] = e;
+        sum += e;
+      }
+      Ls[tid] = Ls[tid] * alpha + sum;
+      Ms[tid] = m_new;
+      As[tid] = alpha;
+    }
+    __syncthreads();
+    // ---- O = O * alpha + P V
+    {
+      const float alpha = As[pr];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) acc[j] *= alpha;
+      const float* prow = Ss + pr * kSPitch;
+      for (int n = 0; n < kTokTile; ++n) {
+        const float pw = prow[n];
+        const __nv_bfloat162* vr = (const __nv_bfloat162*)(Ks + n * kKPitch) + pc;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          float2 v = __bfloat1622float2(vr[16 * j]);
+          acc[2 * j] = fmaf(pw, v.x, acc[2 * j]);
+          acc[2 * j + 1] = fmaf(pw, v.y, acc[2 * j + 1]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- epilogue
+  const int h = h0 + pr;
+  if (h >= p.h_q) return;
+  const float l = Ls[pr], m = Ms[pr];
+  const bool empty = !(l > 0.f);
+  const float lse = empty ? -INFINITY : (m + log2f(l)) * 0.6931471805599453f;
+  float inv = empty ? 0.f : 1.f / l;
+  if (p.num_splits == 1) {
+    if (!empty && p.attn_sink != nullptr) inv *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
+    __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      ((__nv_bfloat162*)o)[pc + 16 * j] = __floats2bfloat162_rn(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+    }
+    if (pc == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = empty ? INFINITY : lse;
+  } else {
+    const int64_t prow = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
+    float* o = p.o_part + prow * kDim;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      ((float2*)o)[pc + 16 * j] = make_float2(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+    if (pc == 0) p.lse_part[prow] = lse;
+  }
+}
+
+// Merge split partials: grid (b*s_q, h_q), 128 threads x 4 dims.
+__global__ void __launch_bounds__(128)
+sparse_decode_combine_kernel(const SparseDecodeParams p) {
+  const int64_t row = blockIdx.x;
+  const int h = blockIdx.y;
+  const int64_t bi = row / p.s_q, si = row - bi * p.s_q;
+  const int64_t rows = p.b * p.s_q;
+  const int ns = (int)p.num_splits;
+  float mx = -INFINITY;
+  for (int k = 0; k < ns; ++k) mx = fmaxf(mx, p.lse_part[((int64_t)k * rows + row) * p.h_q + h]);
+  const int d = threadIdx.x * 4;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  float lse = -INFINITY;
+  if (mx != -INFINITY) {
+    float sum = 0.f;
+    for (int k = 0; k < ns; ++k) sum += expf(p.lse_part[((int64_t)k * rows + row) * p.h_q + h] - mx);
+    lse = mx + logf(sum);
+    for (int k = 0; k < ns; ++k) {
+      const int64_t pr = ((int64_t)k * rows + row) * p.h_q + h;
+      const float w = expf(p.lse_part[pr] - lse);
+      if (w == 0.f) continue;
+      float4 v = *(const float4*)(p.o_part + pr * kDim + d);
+      o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y);
+      o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
+    }
+    if (p.attn_sink != nullptr) {
+      const float f = 1.f / (1.f + expf(p.attn_sink[h] - lse));
+      o.x *= f; o.y *= f; o.z *= f; o.w *= f;
+    }
+  }
+  __nv_bfloat16* out = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + d;
+  ((__nv_bfloat162*)out)[0] = __floats2bfloat162_rn(o.x, o.y);
+  ((__nv_bfloat162*)out)[1] = __floats2bfloat162_rn(o.z, o.w);
+  if (threadIdx.x == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse == -INFINITY ? INFINITY : lse;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,79 @@
+"""ctypes loader for the compiled C-ABI CUDA library ``deepseek_v4_kernel/_C.so``.
+
+Built by ``scripts/build_ext.sh`` (plain nvcc, no torch headers), so one build works with
+any torch / Python. Loaded lazily on first use and cached. ``DSV4_KERNEL_LIB`` overrides the path.
+"""
+import ctypes
+import os
+import threading
+
+from .errors import ExtensionUnavailable
+
+_LIB = None
+_LOCK = threading.Lock()
+
+
+def lib_path() -> str:
+    return os.environ.get("DSV4_KERNEL_LIB") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "_C.so")
+
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+class SparseDecodeParams(ctypes.Structure):
+    """Mirror of csrc/sparse_decode/params.h (every field 8 bytes; keep the order in sync)."""
+
+    _fields_ = [
+        ("q", _P), ("q_stride_b", _I), ("q_stride_s", _I), ("q_stride_h", _I),
+        ("k_cache", _P), ("k_page_stride", _I), ("k_page_size", _I), ("k_num_pages", _I),
+        ("indices", _P), ("idx_stride_b", _I), ("idx_stride_s", _I), ("idx_stride_k", _I), ("topk", _I),
+        ("topk_length", _P), ("topk_length_stride", _I),
+        ("extra_k_cache", _P), ("extra_page_stride", _I), ("extra_page_size", _I), ("extra_num_pages", _I),
+        ("extra_indices", _P), ("extra_idx_stride_b", _I), ("extra_idx_stride_s", _I), ("extra_idx_stride_k", _I),
+        ("extra_topk", _I),
+        ("extra_topk_length", _P), ("extra_topk_length_stride", _I),
+        ("attn_sink", _P),
+        ("out", _P), ("lse", _P), ("o_part", _P), ("lse_part", _P),
+        ("b", _I), ("s_q", _I), ("h_q", _I), ("num_splits", _I), ("split_tokens", _I),
+        ("softmax_scale", ctypes.c_double),
+    ]
+
+
+def load():
+    """The loaded library (cached); raises ExtensionUnavailable with the path and dlopen error."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    with _LOCK:
+        if _LIB is not None:
+            return _LIB
+        path = lib_path()
+        if not os.path.exists(path):
+            raise ExtensionUnavailable(f"deepseek_v4_kernel extension not built: {path} does not exist "
+                                       f"(run scripts/build_ext.sh)")
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise ExtensionUnavailable(f"cannot load {path}: {e}") from e
+        lib.dsv4_last_error.restype = ctypes.c_char_p
+        lib.dsv4_build_archs.restype = ctypes.c_char_p
+        lib.dsv4_abi_version.restype = ctypes.c_int
+        lib.dsv4_sparse_decode_params_size.restype = ctypes.c_int
+        lib.dsv4_sparse_decode.restype = ctypes.c_int
+        lib.dsv4_sparse_decode.argtypes = [ctypes.POINTER(SparseDecodeParams), ctypes.c_void_p]
+        size = lib.dsv4_sparse_decode_params_size()
+        if size != ctypes.sizeof(SparseDecodeParams):
+            raise ExtensionUnavailable(f"{path}: SparseDecodeParams size {size} != ctypes mirror "
+                                       f"{ctypes.sizeof(SparseDecodeParams)} (stale build? rerun scripts/build_ext.sh)")
+        _LIB = lib
+        return lib
+
+
+def built_archs():
+    """Archs the library was compiled for, e.g. ['sm_120a', 'sm_90a']."""
+    return [a for a in load().dsv4_build_archs().decode().split(",") if a]
+
+
+def last_error() -> str:
+    return load().dsv4_last_error().decode(errors="replace")

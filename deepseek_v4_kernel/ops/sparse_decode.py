@@ -1,0 +1,207 @@
+"""Sparse FP8 MLA decode for DeepSeek-V4 on SM120 (and SM90): FlashMLA ``flash_mla_with_kvcache``
+with ``indices`` (fp8_ds_mla "MODEL1" cache, 584 B per token), via the C-ABI CUDA library _C.so.
+
+Semantics (docs/sparse_decode.md): per (batch row i, query position s, head h), over the multiset of
+valid main slots (index >= 0, index < num_pages*page_size, position < topk_length[i]) plus valid
+extra slots:
+    lse = log(sum_j exp(softmax_scale * q.K_j))           # natural log, WITHOUT attn_sink
+    out = sum_j exp(score_j) V_j / (exp(lse) + exp(attn_sink[h]))   # sink only in the denominator
+A row with no valid slot gives out = 0 and lse = +inf. Both conventions follow FlashMLA's own
+reference (deepseek-ai/FlashMLA tests/ref.py, ``ref_sparse_attn_decode``): the sink rescales the
+output after lse is computed and lse is returned unchanged; "lonely" rows get lse = +inf.
+
+Graph-safe: no host syncs; the split-KV workspace is a torch allocation whose size depends only on
+shapes; the SM count is cached per device. q and indices may have arbitrary strides (passed to the
+kernel, no copies); attn_sink ([h_q] floats) is made contiguous if it is not (tiny copy).
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from ..errors import UnsupportedCase
+
+OP = "sparse_decode"
+D = 512
+TOKEN_BYTES = 584
+TOK_TILE = 32          # kTokTile in csrc/sparse_decode/kernel.cuh
+HEAD_TILE = 16         # kHeadTile
+MAX_SPLITS = 64
+
+_SM_COUNT = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SM_COUNT.get(idx)
+    if n is None:
+        n = torch.cuda.get_device_properties(idx).multi_processor_count
+        _SM_COUNT[idx] = n
+    return n
+
+
+def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int) -> Tuple[int, int]:
+    """(num_splits, split_tokens) from shapes only. Split the position list only when the grid
+    b*s_q*ceil(h_q/16) does not fill ~2 blocks per SM; each split gets whole token tiles."""
+    tiles = max(1, -(-total_positions // TOK_TILE))
+    blocks = b * s_q * (-(-h_q // HEAD_TILE))
+    splits = 1
+    if blocks < 2 * num_sms:
+        splits = min(MAX_SPLITS, tiles, max(1, -(-2 * num_sms // blocks)))
+    per = -(-tiles // splits)
+    splits = -(-tiles // per)
+    return splits, per * TOK_TILE
+
+
+def _fail(arg, expected, got):
+    raise UnsupportedCase(f"{OP}: {arg} must be {expected}, got {got}")
+
+
+def _desc(t):
+    if t is None:
+        return "None"
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{str(t.dtype).replace('torch.', '')} {list(t.shape)} on {t.device}"
+
+
+def _check_cache(name, cache, dev):
+    if not isinstance(cache, torch.Tensor) or cache.dtype not in (torch.uint8, torch.float8_e4m3fn) \
+            or cache.dim() < 2 or cache.device != dev:
+        _fail(name, f"a uint8/float8_e4m3fn paged fp8_ds_mla cache [num_pages, page_size, 1, 584] on {dev}",
+              _desc(cache))
+    if cache.dim() == 4 and (cache.shape[2] != 1 or cache.shape[3] != TOKEN_BYTES):
+        _fail(name, "[num_pages, page_size, 1, 584]", _desc(cache))
+    page_size = cache.shape[1]
+    if page_size < 1:
+        _fail(name, "page_size >= 1", _desc(cache))
+    stride = cache.stride(0) if cache.shape[0] > 1 else max(cache.stride(0), page_size * TOKEN_BYTES)
+    if stride < page_size * TOKEN_BYTES or stride % 16 or cache.data_ptr() % 16:
+        _fail(name, f"pages of >= page_size*584 = {page_size * TOKEN_BYTES} bytes with a 16-byte aligned "
+                    f"base and stride(0)", f"stride(0)={cache.stride(0)}, data_ptr % 16 = {cache.data_ptr() % 16}")
+    return page_size, stride, cache.shape[0]
+
+
+def _check_indices(name, idx, b, s_q, dev):
+    if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int32 or idx.dim() != 3 \
+            or idx.shape[0] != b or idx.shape[1] != s_q or idx.device != dev:
+        _fail(name, f"int32 [b={b}, s_q={s_q}, topk] on {dev}", _desc(idx))
+
+
+def _check_len(name, t, b, dev):
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != b \
+            or t.device != dev:
+        _fail(name, f"None or int32 [b={b}] on {dev}", _desc(t))
+
+
+def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, extra_indices=None,
+                  extra_topk_length=None, attn_sink=None, softmax_scale=None, head_dim_v=512):
+    """Returns (out [b, s_q, h_q, 512] bf16, lse [b, h_q, s_q] fp32; lse excludes attn_sink, +inf for
+    rows with no valid slot). See the module docstring for the exact semantics."""
+    if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16 or q.dim() != 4 or q.shape[3] != D \
+            or not q.is_cuda:
+        _fail("q", "bf16 [b, s_q, h_q, 512] on a CUDA device", _desc(q))
+    if q.stride(3) != 1:
+        _fail("q", "a tensor whose last dim is contiguous (stride 1)", f"strides {list(q.stride())}")
+    if head_dim_v != D:
+        _fail("head_dim_v", "512", head_dim_v)
+    dev = q.device
+    b, s_q, h_q, _ = q.shape
+    page_size, page_stride, num_pages = _check_cache("k_cache", k_cache, dev)
+    _check_indices("indices", indices, b, s_q, dev)
+    _check_len("topk_length", topk_length, b, dev)
+    has_extra = extra_k_cache is not None or extra_indices is not None
+    if has_extra:
+        if extra_k_cache is None or extra_indices is None:
+            _fail("extra_k_cache/extra_indices_in_kvcache", "both given or both None",
+                  f"{_desc(extra_k_cache)} / {_desc(extra_indices)}")
+        e_page_size, e_stride, e_pages = _check_cache("extra_k_cache", extra_k_cache, dev)
+        _check_indices("extra_indices_in_kvcache", extra_indices, b, s_q, dev)
+        _check_len("extra_topk_length", extra_topk_length, b, dev)
+    elif extra_topk_length is not None:
+        _fail("extra_topk_length", "None when there is no extra cache", _desc(extra_topk_length))
+    if attn_sink is not None:
+        if not isinstance(attn_sink, torch.Tensor) or attn_sink.dtype != torch.float32 \
+                or attn_sink.dim() != 1 or attn_sink.shape[0] != h_q or attn_sink.device != dev:
+            _fail("attn_sink", f"None or float32 [h_q={h_q}] on {dev}", _desc(attn_sink))
+        attn_sink = attn_sink.contiguous()
+    scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+    out = torch.empty((b, s_q, h_q, D), dtype=torch.bfloat16, device=dev)
+    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=dev)
+    if b == 0 or s_q == 0 or h_q == 0:
+        return out, lse
+    topk = indices.shape[2]
+    extra_topk = extra_indices.shape[2] if has_extra else 0
+    splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, _sm_count(dev))
+    if splits > 1:
+        o_part = torch.empty((splits, b * s_q, h_q, D), dtype=torch.float32, device=dev)
+        lse_part = torch.empty((splits, b * s_q, h_q), dtype=torch.float32, device=dev)
+    else:
+        o_part = lse_part = None
+
+    from .._ext import SparseDecodeParams, load
+    lib = load()
+    p = SparseDecodeParams()
+    p.q = q.data_ptr()
+    p.q_stride_b, p.q_stride_s, p.q_stride_h = q.stride(0), q.stride(1), q.stride(2)
+    p.k_cache, p.k_page_stride, p.k_page_size, p.k_num_pages = k_cache.data_ptr(), page_stride, page_size, num_pages
+    p.indices = indices.data_ptr()
+    p.idx_stride_b, p.idx_stride_s, p.idx_stride_k = indices.stride()
+    p.topk = topk
+    if topk_length is not None:
+        p.topk_length, p.topk_length_stride = topk_length.data_ptr(), topk_length.stride(0)
+    if has_extra:
+        p.extra_k_cache, p.extra_page_stride = extra_k_cache.data_ptr(), e_stride
+        p.extra_page_size, p.extra_num_pages = e_page_size, e_pages
+        p.extra_indices = extra_indices.data_ptr()
+        p.extra_idx_stride_b, p.extra_idx_stride_s, p.extra_idx_stride_k = extra_indices.stride()
+        p.extra_topk = extra_topk
+        if extra_topk_length is not None:
+            p.extra_topk_length = extra_topk_length.data_ptr()
+            p.extra_topk_length_stride = extra_topk_length.stride(0)
+    if attn_sink is not None:
+        p.attn_sink = attn_sink.data_ptr()
+    p.out, p.lse = out.data_ptr(), lse.data_ptr()
+    if o_part is not None:
+        p.o_part, p.lse_part = o_part.data_ptr(), lse_part.data_ptr()
+    p.b, p.s_q, p.h_q, p.num_splits, p.split_tokens = b, s_q, h_q, splits, split_tokens
+    p.softmax_scale = scale
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        rc = lib.dsv4_sparse_decode(p, stream)
+    if rc != 0:
+        raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
+    return out, lse
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table=None, cache_seqlens=None, head_dim_v=512,
+                           tile_scheduler_metadata=None, num_splits=None, softmax_scale=None, causal=False,
+                           is_fp8_kvcache=False, indices=None, attn_sink=None, extra_k_cache=None,
+                           extra_indices_in_kvcache=None, topk_length=None, extra_topk_length=None):
+    """Drop-in for FlashMLA's ``flash_mla.flash_mla_interface.flash_mla_with_kvcache`` (same positional
+    order and keyword names) covering only the sparse FP8 decode mode (``indices`` given,
+    ``is_fp8_kvcache=True``, not causal). ``tile_scheduler_metadata`` / ``num_splits`` /
+    ``cache_seqlens`` are accepted and ignored. Anything else raises UnsupportedCase.
+    Returns (out [b, s_q, h_q, 512] bf16, lse [b, h_q, s_q] fp32 without the sink)."""
+    if indices is None:
+        _fail("indices", "an int32 [b, s_q, topk] tensor (only the sparse mode is covered)", "None")
+    if not is_fp8_kvcache:
+        _fail("is_fp8_kvcache", "True (only the fp8_ds_mla cache is covered)", is_fp8_kvcache)
+    if causal:
+        _fail("causal", "False in sparse mode", causal)
+    if block_table is not None:
+        _fail("block_table", "None in sparse mode (indices hold the slots)", _desc(block_table))
+    return sparse_decode(q, k_cache, indices, topk_length=topk_length, extra_k_cache=extra_k_cache,
+                         extra_indices=extra_indices_in_kvcache, extra_topk_length=extra_topk_length,
+                         attn_sink=attn_sink, softmax_scale=softmax_scale, head_dim_v=head_dim_v)
+
+
+def flash_mla_with_kvcache_sm120(**kwargs):
+    """Drop-in for SGLang's ``flash_mla_with_kvcache_sm120(**kwargs)`` (0.5.13+; keywords q, k_cache,
+    head_dim_v, softmax_scale, indices, topk_length, attn_sink, extra_k_cache,
+    extra_indices_in_kvcache, extra_topk_length; other FlashMLA keywords tolerated)."""
+    kw = dict(kwargs)
+    kw.setdefault("is_fp8_kvcache", True)
+    return flash_mla_with_kvcache(**kw)

@@ -1,0 +1,108 @@
+"""Float64 reference for the sparse FP8 MLA decode (FlashMLA ``flash_mla_with_kvcache`` with
+``indices``), written from docs/sparse_decode.md, plus the fp8_ds_mla ("MODEL1") cache packer.
+
+Page layout (one contiguous run of ``page_stride`` bytes per page, page_stride >= page_size*584):
+  [0, page_size*576)              per token: 448 fp8_e4m3 NoPE values, then 64 bf16 RoPE values;
+  [page_size*576, page_size*584)  per token: 7 UE8M0 scale bytes (scale j covers NoPE [64j, 64j+64)), 1 pad.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+
+D, NOPE, ROPE = 512, 448, 64
+ROW, SROW, TOKEN_BYTES = 576, 8, 584
+FP8_MAX = 448.0
+
+
+def _raw_pages(cache: torch.Tensor) -> torch.Tensor:
+    """uint8 [num_pages, page_stride] view of the cache's real bytes."""
+    c = cache.view(torch.uint8) if cache.dtype != torch.uint8 else cache
+    return torch.as_strided(c, (c.shape[0], c.stride(0)), (c.stride(0), 1))
+
+
+def pack_fp8_ds_mla(kv: torch.Tensor, page_size: int, page_stride_bytes: Optional[int] = None) -> torch.Tensor:
+    """Quantise kv [num_tokens, 512] (any float dtype; RoPE part stored as bf16) into the paged cache.
+
+    Returns a uint8 tensor viewed as [num_pages, page_size, 1, 584] whose stride(0) is page_stride_bytes
+    (default page_size*584). Token t lives in page t // page_size, row t % page_size; the tail of the
+    last page is zero. Scale per 64 NoPE values: the smallest power of two 2^e with amax / 2^e <= 448.
+    """
+    assert kv.dim() == 2 and kv.shape[1] == D
+    n = kv.shape[0]
+    stride = page_stride_bytes or page_size * TOKEN_BYTES
+    assert stride >= page_size * TOKEN_BYTES
+    num_pages = max(1, (n + page_size - 1) // page_size)
+    kvf = kv.detach().to("cpu", torch.float32)
+    nope = kvf[:, :NOPE].reshape(n, 7, 64)
+    amax = nope.abs().amax(dim=-1).clamp_min(1e-30)
+    e = torch.ceil(torch.log2(amax / FP8_MAX)).clamp(-127, 127).to(torch.int32)   # [n, 7]
+    scaled = nope / torch.pow(2.0, e.to(torch.float32)).unsqueeze(-1)
+    fp8 = scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, NOPE)
+    rope = kvf[:, NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, 2 * ROPE)
+    raw = torch.zeros(num_pages, stride, dtype=torch.uint8)
+    tok = torch.arange(n)
+    page, row = tok // page_size, tok % page_size
+    data = torch.cat([fp8, rope], dim=1)                                       # [n, 576]
+    scales = torch.cat([(e + 127).to(torch.uint8), torch.zeros(n, 1, dtype=torch.uint8)], dim=1)  # [n, 8]
+    raw[page.unsqueeze(1), (row * ROW).unsqueeze(1) + torch.arange(ROW)] = data
+    raw[page.unsqueeze(1), (page_size * ROW + row * SROW).unsqueeze(1) + torch.arange(SROW)] = scales
+    flat = raw.reshape(-1)
+    return torch.as_strided(flat, (num_pages, page_size, 1, TOKEN_BYTES), (stride, TOKEN_BYTES, TOKEN_BYTES, 1))
+
+
+def unpack_fp8_ds_mla(cache: torch.Tensor) -> torch.Tensor:
+    """Dequantise a paged cache ([num_pages, page_size, ...] view, real layout above) to float64
+    [num_pages*page_size, 512]."""
+    page_size = cache.shape[1]
+    raw = _raw_pages(cache).cpu()
+    p = raw.shape[0]
+    data = raw[:, : page_size * ROW].reshape(p * page_size, ROW)
+    sc = raw[:, page_size * ROW: page_size * (ROW + SROW)].reshape(p * page_size, SROW)[:, :7]
+    nope = data[:, :NOPE].contiguous().view(torch.float8_e4m3fn).to(torch.float64).reshape(-1, 7, 64)
+    scale = torch.pow(2.0, sc.to(torch.float64) - 127.0).unsqueeze(-1)
+    rope = data[:, NOPE:].contiguous().view(torch.bfloat16).to(torch.float64)
+    return torch.cat([(nope * scale).reshape(-1, NOPE), rope], dim=1)
+
+
+def _gather(cache, indices, lengths):
+    """K [b, s_q, topk, 512] float64 and valid mask [b, s_q, topk]."""
+    kv = unpack_fp8_ds_mla(cache)
+    idx = indices.detach().cpu().to(torch.int64)
+    b, s_q, topk = idx.shape
+    valid = (idx >= 0) & (idx < kv.shape[0])
+    if lengths is not None:
+        pos = torch.arange(topk).view(1, 1, topk)
+        valid &= pos < lengths.detach().cpu().to(torch.int64).view(b, 1, 1)
+    k = kv[idx.clamp(0, kv.shape[0] - 1)]
+    k = torch.where(valid.unsqueeze(-1), k, torch.zeros((), dtype=torch.float64))
+    return k, valid
+
+
+def sparse_decode_ref(q, k_cache, indices, topk_length=None, extra_k_cache=None, extra_indices=None,
+                      extra_topk_length=None, attn_sink=None, softmax_scale=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Returns (out [b, s_q, h_q, 512] float64, lse [b, h_q, s_q] float64).
+
+    lse = log(sum_j exp(score_j)) over the valid multiset of main + extra slots, WITHOUT attn_sink
+    (FlashMLA tests/ref.py convention); out = sum_j exp(score_j) V_j / (exp(lse) + exp(sink)).
+    A row with no valid slot: out 0, lse +inf (FlashMLA's "lonely q" convention).
+    """
+    qf = q.detach().cpu().to(torch.float64)
+    b, s_q, h_q, d = qf.shape
+    scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
+    k, valid = _gather(k_cache, indices, topk_length)
+    if extra_k_cache is not None:
+        k2, valid2 = _gather(extra_k_cache, extra_indices, extra_topk_length)
+        k, valid = torch.cat([k, k2], 2), torch.cat([valid, valid2], 2)
+    s = torch.einsum("bshd,bstd->bsht", qf, k) * scale
+    s = s.masked_fill(~valid.unsqueeze(2), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                   # [b, s_q, h_q]
+    empty = torch.isneginf(lse)
+    w = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse).unsqueeze(-1))
+    out = torch.einsum("bsht,bstd->bshd", w, k)
+    if attn_sink is not None:
+        sink = attn_sink.detach().cpu().to(torch.float64).view(1, 1, h_q)
+        out = out / (1.0 + torch.exp(sink - lse)).unsqueeze(-1)
+    out = torch.where(empty.unsqueeze(-1), torch.zeros_like(out), out)
+    lse = torch.where(empty, torch.full_like(lse, math.inf), lse)
+    return out, lse.permute(0, 2, 1).contiguous()

@@ -1,0 +1,254 @@
+#!/usr/bin/env python
+"""Benchmark the sparse FP8 MLA decode kernel (CUDA graphs, CUDA events, median of reps, rotating
+input sets) vs a torch GPU implementation (fp32 math) and SGLang 0.5.23's SM120 Triton fallback
+(flash_mla_sm120_triton.py loaded from .sglang/0.5.23/ or --sglang-triton), plus the byte/FLOP floor
+from copy bandwidth and a bf16 matmul rate measured in the same run. Writes JSON (+PNG) into --out."""
+import argparse
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from deepseek_v4_kernel.ops.sparse_decode import sparse_decode, choose_splits, _sm_count  # noqa: E402
+
+
+def make_cache(num_tokens, page_size, gen, pad=0):
+    pages = -(-num_tokens // page_size)
+    stride = page_size * 584 + pad
+    raw = torch.zeros(pages * stride, dtype=torch.uint8, device="cuda")
+    r2 = raw.view(pages, stride)
+    data = torch.as_strided(raw, (pages, page_size, 576), (stride, 576, 1))
+    scales = torch.as_strided(raw, (pages, page_size, 8), (stride, 8, 1), page_size * 576)
+    data[..., :448] = torch.randn(pages, page_size, 448, device="cuda", generator=gen).to(torch.float8_e4m3fn).view(torch.uint8)
+    data[..., 448:] = torch.randn(pages, page_size, 64, device="cuda", generator=gen).bfloat16().view(torch.uint8)
+    scales[..., :7] = torch.randint(122, 128, (pages, page_size, 7), device="cuda", generator=gen, dtype=torch.uint8)
+    del r2
+    return torch.as_strided(raw, (pages, page_size, 1, 584), (stride, 584, 584, 1))
+
+
+def torch_impl(q, k_cache, indices, topk_length=None, extra_k_cache=None, extra_indices=None,
+               extra_topk_length=None, attn_sink=None, softmax_scale=None):
+    """Straightforward torch GPU version (fp32 math) used as a competitor."""
+    def gather(cache, idx, lens):
+        P, ps = cache.shape[:2]
+        st = cache.stride(0)
+        u8 = cache.view(torch.uint8)
+        data = torch.as_strided(u8, (P, ps, 576), (st, 576, 1))
+        sc = torch.as_strided(u8, (P, ps, 8), (st, 8, 1), u8.storage_offset() + ps * 576)
+        valid = idx >= 0
+        if lens is not None:
+            valid &= torch.arange(idx.shape[-1], device=idx.device).view(1, 1, -1) < lens.view(-1, 1, 1)
+        ci = idx.clamp_min(0).long()
+        page, row = ci // ps, ci % ps
+        d = data[page, row]
+        s = sc[page, row][..., :7].float()
+        nope = d[..., :448].contiguous().view(torch.float8_e4m3fn).float() * torch.exp2(s - 127).repeat_interleave(64, -1)
+        rope = d[..., 448:].contiguous().view(torch.bfloat16).float()
+        return torch.cat([nope, rope], -1), valid
+    k, v = gather(k_cache, indices, topk_length)
+    if extra_k_cache is not None:
+        k2, v2 = gather(extra_k_cache, extra_indices, extra_topk_length)
+        k, v = torch.cat([k, k2], 2), torch.cat([v, v2], 2)
+    scale = softmax_scale or 512 ** -0.5
+    s = torch.einsum("bshd,bstd->bsht", q.float(), k) * scale
+    s = s.masked_fill(~v.unsqueeze(2), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    w = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    out = torch.einsum("bsht,bstd->bshd", w, k)
+    if attn_sink is not None:
+        out = out / (1 + torch.exp(attn_sink.view(1, 1, -1) - lse)).unsqueeze(-1)
+    return out.bfloat16(), lse.transpose(1, 2)
+
+
+def load_triton_fallback(path):
+    spec = importlib.util.spec_from_file_location("sgl_flash_mla_sm120_triton", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def time_fn(fn, sets, reps, use_graph=True):
+    """Median us per call. Captures len(sets)*k calls (rotating input sets) in one CUDA graph when
+    possible; otherwise times an eager loop."""
+    for a in sets:
+        fn(a)
+    torch.cuda.synchronize()
+    per_graph = max(len(sets), 8 // len(sets) * len(sets))
+    mode = "graph"
+    g = None
+    if use_graph:
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for a in sets:
+                    fn(a)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(per_graph):
+                    fn(sets[i % len(sets)])
+            g.replay()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            g, mode = None, f"eager ({type(e).__name__})"
+            torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        if g is not None:
+            g.replay()
+        else:
+            for i in range(per_graph):
+                fn(sets[i % len(sets)])
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) * 1e3 / per_graph)
+    return statistics.median(times), mode
+
+
+def measure_floors():
+    x = torch.empty(512 * 2 ** 20, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record(); y.copy_(x); en.record(); en.synchronize()
+        ts.append(st.elapsed_time(en) / 1e3)
+    bw = 2 * x.numel() / min(ts)
+    del x, y
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record(); a @ b; en.record(); en.synchronize()
+        ts.append(st.elapsed_time(en) / 1e3)
+    return bw, 2 * 8192 ** 3 / min(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="build/bench_sparse_decode")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sglang-triton", default=os.path.join(ROOT, ".sglang/0.5.23/flash_mla_sm120_triton.py"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    dev = torch.device("cuda")
+    bw, flops_rate = measure_floors()
+    print(f"{torch.cuda.get_device_name()}  SMs={_sm_count(dev)}  copy BW {bw / 1e12:.2f} TB/s (read+write)  "
+          f"bf16 matmul {flops_rate / 1e12:.0f} TFLOP/s")
+    try:
+        tri = load_triton_fallback(args.sglang_triton)
+    except Exception as e:  # noqa: BLE001
+        tri = None
+        print(f"SGLang Triton fallback unavailable: {type(e).__name__}: {e}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    main_tokens, page_main, page_extra = 128, 256, 64
+    main_cache = make_cache(65536, page_main, gen, pad=576)
+    extra_cache = make_cache(262144, page_extra, gen)
+    bs = [1, 8, 32, 128, 1024] if not args.quick else [1, 128]
+    rows = []
+    hdr = f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | {'ours us':>8} {'torch us':>9} {'sgl-tri us':>10} | " \
+          f"{'x torch':>8} {'x tri':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} {'%flops':>7}"
+    print(hdr)
+    for h_q in [64, 128]:
+        for s_q in [1, 2]:
+            for extra in [512, 2048]:
+                for b in bs:
+                    nsets = 4 if b <= 128 else 2
+                    sets = []
+                    for _ in range(nsets):
+                        a = dict(
+                            q=torch.randn(b, s_q, h_q, 512, device=dev, generator=gen).bfloat16(),
+                            k_cache=main_cache,
+                            indices=torch.randint(0, 65536, (b, s_q, main_tokens), device=dev, generator=gen, dtype=torch.int32),
+                            topk_length=torch.full((b,), main_tokens, dtype=torch.int32, device=dev),
+                            extra_k_cache=extra_cache,
+                            extra_indices=torch.randint(0, 262144, (b, s_q, extra), device=dev, generator=gen, dtype=torch.int32),
+                            extra_topk_length=torch.full((b,), extra, dtype=torch.int32, device=dev),
+                            attn_sink=torch.randn(h_q, device=dev, generator=gen),
+                        )
+                        sets.append(a)
+                    T = main_tokens + extra
+                    nbytes = b * T * 584 + 2 * b * s_q * h_q * 512 * 2
+                    nflops = 4 * b * s_q * h_q * T * 512
+                    floor_us = max(nbytes / bw, nflops / flops_rate) * 1e6
+                    r = dict(b=b, h_q=h_q, s_q=s_q, main=main_tokens, extra=extra,
+                             splits=choose_splits(b, s_q, h_q, T, _sm_count(dev))[0],
+                             bytes=nbytes, flops=nflops, floor_us=floor_us)
+                    # correctness spot check vs torch (fp32) on the first set
+                    o1, l1 = sparse_decode(**sets[0])
+                    if b * s_q * T * 512 * 4 <= 2 ** 31:
+                        o2, l2 = torch_impl(**sets[0])
+                        r["max_abs_err_vs_torch"] = float((o1.float() - o2.float()).abs().max())
+                    r["ours_us"], r["ours_mode"] = time_fn(lambda a: sparse_decode(**a), sets, args.reps)
+                    if b * s_q * T * 512 * 4 <= 2 ** 31:
+                        try:
+                            r["torch_us"], _ = time_fn(lambda a: torch_impl(**a), sets[:2], max(5, args.reps // 4))
+                        except Exception as e:  # noqa: BLE001
+                            r["torch_err"] = f"{type(e).__name__}: {e}"[:200]
+                    if tri is not None:
+                        def tri_fn(a, s_q=s_q, b=b, h_q=h_q):
+                            q = a["q"].reshape(b * s_q, 1, h_q, 512)
+                            return tri.flash_mla_sparse_decode_triton(
+                                q, a["k_cache"], a["tri_idx"], a["tri_len"], a["attn_sink"], 512, None,
+                                extra_k_cache=a["extra_k_cache"], extra_indices=a["tri_eidx"],
+                                extra_topk_length=a["tri_elen"])
+                        for a in sets:
+                            a["tri_idx"] = a["indices"].reshape(b * s_q, 1, -1)
+                            a["tri_eidx"] = a["extra_indices"].reshape(b * s_q, 1, -1)
+                            a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
+                            a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
+                        try:
+                            r["sgl_triton_us"], r["sgl_triton_mode"] = time_fn(tri_fn, sets[:2], max(5, args.reps // 4))
+                        except Exception as e:  # noqa: BLE001
+                            r["sgl_triton_err"] = f"{type(e).__name__}: {e}"[:200]
+                    r["pct_floor"] = 100 * floor_us / r["ours_us"]
+                    r["pct_bytes"] = 100 * nbytes / bw / (r["ours_us"] * 1e-6)
+                    r["pct_flops"] = 100 * nflops / flops_rate / (r["ours_us"] * 1e-6)
+                    rows.append(r)
+                    f = lambda k: f"{r[k]:.1f}" if k in r else "n/a"  # noqa: E731
+                    xr = lambda k: f"{r[k] / r['ours_us']:.1f}x" if k in r else "n/a"  # noqa: E731
+                    print(f"{b:>5} {h_q:>4} {s_q:>3} {extra:>6} {r['splits']:>5} | {f('ours_us'):>8} {f('torch_us'):>9} "
+                          f"{f('sgl_triton_us'):>10} | {xr('torch_us'):>8} {xr('sgl_triton_us'):>8} | {floor_us:>8.1f} "
+                          f"{r['pct_floor']:>6.1f}% {r['pct_bytes']:>6.1f}% {r['pct_flops']:>6.1f}%", flush=True)
+                    del sets
+    res = dict(device=torch.cuda.get_device_name(), sms=_sm_count(dev), copy_bw_Bps=bw, bf16_flops=flops_rate,
+               torch=torch.__version__, rows=rows, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+    with open(os.path.join(args.out, "bench_sparse_decode.json"), "w") as fh:
+        json.dump(res, fh, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(9, 5))
+        for h_q in [64, 128]:
+            for s_q in [1, 2]:
+                for extra in [512, 2048]:
+                    sel = [r for r in rows if r["h_q"] == h_q and r["s_q"] == s_q and r["extra"] == extra]
+                    ax.plot([r["b"] for r in sel], [r["pct_floor"] for r in sel], marker="o",
+                            label=f"h{h_q} sq{s_q} extra{extra}")
+        ax.set_xscale("log"); ax.set_xlabel("b"); ax.set_ylabel("% of floor"); ax.legend(fontsize=7)
+        fig.savefig(os.path.join(args.out, "bench_sparse_decode.png"), dpi=100)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build the C-ABI CUDA library deepseek_v4_kernel/_C.so from csrc/ (no torch needed, no GPU needed).
+#   scripts/build_ext.sh [OUTPUT_PATH]
+# env: NVCC (compiler, default nvcc on PATH or /usr/local/cuda/bin/nvcc),
+#      DSV4_KERNEL_EXTRA_ARCHS (space/comma separated, e.g. "90a"): extra -gencode targets besides sm_120a,
+#      NVCC_THREADS (default 2).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUTPUT=${1:-$ROOT/deepseek_v4_kernel/_C.so}
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+ARCHS="120a ${DSV4_KERNEL_EXTRA_ARCHS:-}"
+ARCHS=${ARCHS//,/ }
+GENCODE=()
+LIST=""
+for a in $ARCHS; do
+  GENCODE+=(-gencode "arch=compute_${a},code=sm_${a}")
+  LIST="${LIST:+$LIST,}sm_${a}"
+done
+mkdir -p "$(dirname "$OUTPUT")"
+SRCS=("$ROOT/csrc/api.cu" "$ROOT"/csrc/sparse_decode/*.cu)
+set -x
+"$NVCC" -shared -Xcompiler -fPIC -cudart static -O3 -std=c++17 --threads "${NVCC_THREADS:-2}" \
+  "${GENCODE[@]}" -DDSV4_BUILD_ARCHS="\"$LIST\"" -I"$ROOT/csrc" \
+  "${SRCS[@]}" -o "$OUTPUT.tmp"
+mv -f "$OUTPUT.tmp" "$OUTPUT"

@@ -1,0 +1,278 @@
+"""Sparse FP8 MLA decode: CPU tests (packer, reference, argument checks, shim signatures) and GPU
+tests of the CUDA kernel against the float64 reference.
+
+Tolerances (GPU): the dequantised K/V values are exact in bf16 (fp8 * 2^k) and q is bf16, the kernel
+accumulates in fp32 and rounds out to bf16 once, so |out - ref| <= ~2^-8 |out| + fp32 noise:
+atol 2e-2, rtol 1.6e-2 for out; lse is fp32 end to end: atol 2e-4, rtol 1e-5 (as in FlashMLA's
+test: lse checked much tighter than out).
+lse convention (FlashMLA tests/ref.py): lse does NOT include attn_sink; empty rows: out 0, lse +inf.
+"""
+import inspect
+import math
+
+import pytest
+import torch
+
+from deepseek_v4_kernel.errors import UnsupportedCase
+from deepseek_v4_kernel.reference.sparse_decode import (pack_fp8_ds_mla, sparse_decode_ref,
+                                                        unpack_fp8_ds_mla)
+from deepseek_v4_kernel.ops import sparse_decode as sd
+
+
+# ---------------------------------------------------------------- CPU
+def test_pack_roundtrip():
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn(130, 512, generator=g) * torch.rand(130, 1, generator=g) * 10
+    for page_size, stride in [(64, None), (64, 64 * 584 + 576), (256, None)]:
+        c = pack_fp8_ds_mla(kv, page_size, stride)
+        assert c.shape[1:] == (page_size, 1, 584) and c.stride(0) == (stride or page_size * 584)
+        u = unpack_fp8_ds_mla(c)[:130]
+        assert torch.equal(u[:, 448:], kv[:, 448:].bfloat16().double())     # RoPE stored as bf16
+        rel = (u[:, :448] - kv[:, :448].double()).abs() / kv[:, :448].abs().double().reshape(130, 7, 64) \
+            .amax(-1).repeat_interleave(64, 1)
+        assert rel.max() <= 2 ** -4 + 1e-9       # e4m3: 3 mantissa bits, scale within 2x of amax/448
+        # re-packing the dequantised values is lossless
+        assert torch.equal(unpack_fp8_ds_mla(pack_fp8_ds_mla(u.float(), page_size, stride))[:130], u)
+
+
+def _naive(q, kv, idx_lists, sink, scale):
+    """Loop reference on dequantised kv [N, 512] float64; idx_lists[i][s] = list of slots."""
+    b, s_q, h_q, _ = q.shape
+    out = torch.zeros(b, s_q, h_q, 512, dtype=torch.float64)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64)
+    for i in range(b):
+        for s in range(s_q):
+            sl = idx_lists[i][s]
+            if not sl:
+                continue
+            k = kv[sl]
+            for h in range(h_q):
+                sc = (k @ q[i, s, h].double()) * scale
+                l = torch.logsumexp(sc, 0)
+                den = torch.exp(l) + (math.exp(sink[h]) if sink is not None else 0.0)
+                out[i, s, h] = (torch.exp(sc) @ k) / den
+                lse[i, h, s] = l
+    return out, lse
+
+
+def test_reference_matches_naive_loop():
+    g = torch.Generator().manual_seed(1)
+    kv = torch.randn(200, 512, generator=g)
+    main = pack_fp8_ds_mla(kv[:128], 64)
+    extra = pack_fp8_ds_mla(kv[128:], 64)
+    dq_main, dq_extra = unpack_fp8_ds_mla(main), unpack_fp8_ds_mla(extra)
+    b, s_q, h_q = 3, 2, 4
+    q = torch.randn(b, s_q, h_q, 512, generator=g).bfloat16()
+    idx = torch.randint(0, 128, (b, s_q, 9), generator=g, dtype=torch.int32)
+    idx[0, 0, 3] = -1
+    idx[1, 1, :] = idx[1, 1, 0]                       # duplicates count
+    idx[2, :, :] = -1                                 # empty unless extra
+    eidx = torch.randint(0, 72, (b, s_q, 5), generator=g, dtype=torch.int32)
+    tl = torch.tensor([9, 4, 9], dtype=torch.int32)
+    etl = torch.tensor([5, 2, 0], dtype=torch.int32)  # row 2: empty -> out 0, lse +inf
+    sink = torch.randn(h_q, generator=g)
+    out, lse = sparse_decode_ref(q, main, idx, tl, extra, eidx, etl, sink, 0.07)
+    lists = [[[int(x) for x in idx[i, s, :tl[i]] if x >= 0] + [128 + int(x) for x in eidx[i, s, :etl[i]] if x >= 0]
+              for s in range(s_q)] for i in range(b)]
+    full = torch.cat([dq_main, dq_extra])
+    o2, l2 = _naive(q, full, lists, sink.tolist(), 0.07)
+    torch.testing.assert_close(out, o2, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lse, l2, rtol=1e-10, atol=1e-10)
+    assert torch.isinf(lse[2]).all() and (lse[2] > 0).all() and (out[2] == 0).all()
+
+
+def test_argument_errors_cpu():
+    q = torch.randn(1, 1, 8, 512).bfloat16()
+    with pytest.raises(UnsupportedCase, match="q must be bf16"):
+        sd.sparse_decode(q.float(), None, None)
+    with pytest.raises(UnsupportedCase, match="q must be"):
+        sd.sparse_decode(q, None, None)                       # not on CUDA
+    with pytest.raises(UnsupportedCase, match="indices"):
+        sd.flash_mla_with_kvcache(q, None, is_fp8_kvcache=True)
+    with pytest.raises(UnsupportedCase, match="is_fp8_kvcache"):
+        sd.flash_mla_with_kvcache(q, None, indices=torch.zeros(1, 1, 1, dtype=torch.int32))
+    with pytest.raises(UnsupportedCase, match="causal"):
+        sd.flash_mla_with_kvcache(q, None, indices=torch.zeros(1, 1, 1, dtype=torch.int32),
+                                  is_fp8_kvcache=True, causal=True)
+    assert issubclass(UnsupportedCase, ValueError)
+
+
+def test_shim_signatures():
+    # FlashMLA flash_mla_interface.flash_mla_with_kvcache positional order (see docs/sparse_decode.md)
+    names = ["q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata", "num_splits",
+             "softmax_scale", "causal", "is_fp8_kvcache", "indices", "attn_sink", "extra_k_cache",
+             "extra_indices_in_kvcache", "topk_length", "extra_topk_length"]
+    assert list(inspect.signature(sd.flash_mla_with_kvcache).parameters) == names
+    ps = list(inspect.signature(sd.flash_mla_with_kvcache_sm120).parameters.values())
+    assert len(ps) == 1 and ps[0].kind == inspect.Parameter.VAR_KEYWORD
+
+
+def test_choose_splits_shapes_only():
+    assert sd.choose_splits(1, 1, 64, 640, 132)[0] > 1            # b=1: split-KV
+    assert sd.choose_splits(1024, 1, 64, 640, 132) == (1, 640)    # large b: one pass
+    for args in [(1, 1, 8, 1, 132), (3, 4, 128, 8320, 188), (2, 1, 64, 33, 132)]:
+        n, per = sd.choose_splits(*args)
+        assert per % 32 == 0 and (n - 1) * per < args[3] <= n * per or args[3] <= per
+
+
+# ---------------------------------------------------------------- GPU
+def _case(b, s_q, h_q, topk, page_size=64, n_main=300, extra_topk=0, n_extra=700, stride_pad=0,
+          with_len=False, with_extra_len=False, sink=False, seed=0, neg_frac=0.1):
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(n_main, 512, generator=g) * (0.5 + torch.rand(n_main, 1, generator=g))
+    main = pack_fp8_ds_mla(kv, page_size, page_size * 584 + stride_pad if stride_pad else None)
+    idx = torch.randint(0, n_main, (b, s_q, topk), generator=g, dtype=torch.int32)
+    idx[torch.rand(b, s_q, topk, generator=g) < neg_frac] = -1
+    a = dict(q=torch.randn(b, s_q, h_q, 512, generator=g).bfloat16(), k_cache=main, indices=idx)
+    if with_len:
+        a["topk_length"] = torch.randint(0, topk + 1, (b,), generator=g, dtype=torch.int32)
+    if extra_topk:
+        kv2 = torch.randn(n_extra, 512, generator=g)
+        a["extra_k_cache"] = pack_fp8_ds_mla(kv2, page_size, None)
+        a["extra_indices"] = torch.randint(0, n_extra, (b, s_q, extra_topk), generator=g, dtype=torch.int32)
+        if with_extra_len:
+            a["extra_topk_length"] = torch.randint(0, extra_topk + 1, (b,), generator=g, dtype=torch.int32)
+    if sink:
+        a["attn_sink"] = torch.randn(h_q, generator=g) * 2
+    return a
+
+
+def _to_cuda(a):
+    r = {}
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            if v.dtype == torch.uint8 and v.dim() == 4:      # keep the paged byte layout (stride(0))
+                raw = torch.as_strided(v, (v.shape[0], v.stride(0)), (v.stride(0), 1)).cuda()
+                v = torch.as_strided(raw, v.shape, v.stride())
+            else:
+                v = v.cuda()
+        r[k] = v
+    return r
+
+
+def _check(a, out, lse):
+    ref_o, ref_l = sparse_decode_ref(**a)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert list(lse.shape) == [a["q"].shape[0], a["q"].shape[2], a["q"].shape[1]]
+    o, l = out.double().cpu(), lse.double().cpu()
+    assert not torch.isnan(o).any() and not torch.isnan(l).any(), "unwritten (NaN) elements"
+    torch.testing.assert_close(o, ref_o, atol=2e-2, rtol=1.6e-2)
+    torch.testing.assert_close(l, ref_l, atol=2e-4, rtol=1e-5)
+
+
+CASES = {
+    "h64_p256_main_only": dict(b=2, s_q=1, h_q=64, topk=128, page_size=256, n_main=600),
+    "h16_sq2_odd_all_opts": dict(b=3, s_q=2, h_q=16, topk=67, extra_topk=100, stride_pad=576, with_len=True,
+                                 with_extra_len=True, sink=True),
+    "h128_sq4_b1_split_extra512": dict(b=1, s_q=4, h_q=128, topk=128, extra_topk=512, sink=True),
+    "h8_sq3_extra_no_len": dict(b=5, s_q=3, h_q=8, topk=64, extra_topk=33, with_len=True, page_size=256),
+    "h32_b300_noslit": dict(b=300, s_q=1, h_q=32, topk=128, extra_topk=64, with_extra_len=True, sink=True),
+    "h64_b70_sq2_p256": dict(b=70, s_q=2, h_q=64, topk=128, extra_topk=512, page_size=256, n_extra=3000,
+                             with_len=True),
+}
+
+
+def _run(a):
+    out, lse = sd.sparse_decode(**a)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_vs_reference(name):
+    a = _to_cuda(_case(**CASES[name]))
+    _check(a, *_run(a))
+
+
+@pytest.mark.gpu
+def test_gpu_empty_rows_duplicates_sink():
+    a = _case(b=4, s_q=2, h_q=64, topk=64, extra_topk=64, with_extra_len=True, sink=True, seed=3)
+    a["indices"][0] = -1                                       # row 0: main empty ...
+    a["extra_topk_length"][0] = 0                              # ... and extra empty -> out 0, lse +inf
+    a["indices"][1, 0, :] = 5                                  # duplicates: 64 copies of one slot
+    a["indices"][2] = -1
+    a["extra_indices"][2] = -1                                 # -1 everywhere
+    a = _to_cuda(a)
+    out, lse = _run(a)
+    _check(a, out, lse)
+    assert (out[0] == 0).all() and torch.isposinf(lse[0]).all()
+    assert (out[2] == 0).all() and torch.isposinf(lse[2]).all()
+    # b=1 (split path) with every slot invalid
+    b1 = _to_cuda(_case(b=1, s_q=1, h_q=64, topk=128, extra_topk=512, sink=True, neg_frac=1.1))
+    b1["extra_indices"].fill_(-1)
+    out, lse = _run(b1)
+    assert (out == 0).all() and torch.isposinf(lse).all()
+
+
+@pytest.mark.gpu
+def test_gpu_noncontiguous_q_indices_and_cache_dtype():
+    a = _to_cuda(_case(b=3, s_q=2, h_q=32, topk=96, extra_topk=40, with_len=True, sink=True, seed=5))
+    qbig = torch.randn(3, 64, 2, 520, device="cuda").bfloat16()          # q[b, s, h] = qbig[b, 2h, s, :512]
+    q = qbig[:, ::2, :, :512].permute(0, 2, 1, 3)
+    assert not q.is_contiguous()
+    ibig = torch.full((3, 96, 2, 2), -7, dtype=torch.int32, device="cuda")
+    ibig[..., 0] = a["indices"].permute(0, 2, 1)
+    idx = ibig[..., 0].permute(0, 2, 1)
+    assert not idx.is_contiguous() and torch.equal(idx, a["indices"])
+    a["q"], a["indices"] = q, idx
+    a["k_cache"] = a["k_cache"].view(torch.float8_e4m3fn)
+    _check(a, *_run(a))
+
+
+@pytest.mark.gpu
+def test_gpu_shims_match_op():
+    a = _to_cuda(_case(b=2, s_q=1, h_q=64, topk=64, extra_topk=128, with_len=True, with_extra_len=True, sink=True))
+    o1, l1 = _run(a)
+    kw = dict(q=a["q"], k_cache=a["k_cache"], head_dim_v=512, softmax_scale=None, indices=a["indices"],
+              topk_length=a["topk_length"], attn_sink=a["attn_sink"], extra_k_cache=a["extra_k_cache"],
+              extra_indices_in_kvcache=a["extra_indices"], extra_topk_length=a["extra_topk_length"])
+    o2, l2 = sd.flash_mla_with_kvcache_sm120(**kw)
+    o3, l3 = sd.flash_mla_with_kvcache(block_table=None, cache_seqlens=None, tile_scheduler_metadata=object(),
+                                       is_fp8_kvcache=True, **kw)
+    assert torch.equal(o1, o2) and torch.equal(o1, o3) and torch.equal(l1, l2) and torch.equal(l1, l3)
+
+
+@pytest.mark.gpu
+def test_gpu_argument_errors():
+    a = _to_cuda(_case(b=2, s_q=1, h_q=16, topk=32))
+    with pytest.raises(UnsupportedCase, match="indices"):
+        sd.sparse_decode(a["q"], a["k_cache"], a["indices"].long())
+    with pytest.raises(UnsupportedCase, match="k_cache"):
+        sd.sparse_decode(a["q"], a["k_cache"].float(), a["indices"])
+    with pytest.raises(UnsupportedCase, match="attn_sink"):
+        sd.sparse_decode(a["q"], a["k_cache"], a["indices"], attn_sink=torch.zeros(3, device="cuda"))
+    with pytest.raises(UnsupportedCase, match="topk_length"):
+        sd.sparse_decode(a["q"], a["k_cache"], a["indices"], topk_length=torch.zeros(2, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 200])
+def test_gpu_cuda_graph_replay_matches_eager(b):
+    a = _to_cuda(_case(b=b, s_q=2, h_q=64, topk=128, extra_topk=256, with_extra_len=True, sink=True, seed=7))
+    eo, el = _run(a)                          # eager (also configures the kernel once)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sd.sparse_decode(**a)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        go, gl = sd.sparse_decode(**a)
+    go.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(go, eo) and torch.equal(gl, el)
+    # new inputs in place -> replay follows them
+    a["q"].copy_(torch.randn_like(a["q"]))
+    g.replay()
+    torch.cuda.synchronize()
+    _check(a, go, gl)
+
+
+@pytest.mark.gpu
+def test_built_archs():
+    from deepseek_v4_kernel._ext import built_archs
+    archs = built_archs()
+    assert "sm_120a" in archs
+    print("built archs:", archs)

@@ -1,0 +1,57 @@
+"""CPU-only: compile the sparse decode CUDA sources for sm_120a with nvcc --resource-usage and check
+shared memory (<= 101376 B per block on SM120), no register spills, and report registers."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMEM_LIMIT = 101376
+
+
+def _nvcc():
+    n = os.environ.get("NVCC") or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    return n if os.path.exists(n) or shutil.which(n) else None
+
+
+def _kernel_smem_constant():
+    """kSmemBytes from kernel.cuh, evaluated from its named constants (dynamic smem per block)."""
+    src = open(os.path.join(ROOT, "csrc/sparse_decode/kernel.cuh")).read()
+    env = {}
+    for name, expr in re.findall(r"constexpr int (\w+) = ([^;]+);", src):
+        env[name] = eval(expr.split("//")[0], {}, dict(env))
+    return env["kSmemBytes"]
+
+
+def test_sparse_decode_resources_sm120a(tmp_path):
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (set NVCC)")
+    cmd = [nvcc, "--resource-usage", "-O3", "-std=c++17", "-gencode", "arch=compute_120a,code=sm_120a",
+           "-I", os.path.join(ROOT, "csrc"), "-c", os.path.join(ROOT, "csrc/sparse_decode/sparse_decode.cu"),
+           "-o", str(tmp_path / "sd.o")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    log = r.stdout + r.stderr
+    blocks = re.split(r"Compiling entry function '", log)[1:]
+    assert blocks, log
+    seen = {}
+    for blk in blocks:
+        name = blk.split("'")[0]
+        assert "for 'sm_120a'" in blk.split("\n")[0], blk
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", blk)
+        assert spill and spill.group(1) == "0" and spill.group(2) == "0", f"{name}: spills\n{blk}"
+        regs = re.search(r"Used (\d+) registers", blk)
+        assert regs, blk
+        smem = re.search(r"(\d+) bytes smem", blk)
+        static_smem = int(smem.group(1)) if smem else 0
+        seen[name] = (int(regs.group(1)), static_smem)
+        assert int(regs.group(1)) <= 255
+    dyn = _kernel_smem_constant()
+    for name, (regs, static_smem) in seen.items():
+        extra = dyn if "sparse_decode_kernel" in name else 0
+        assert static_smem + extra <= SMEM_LIMIT, (name, static_smem, extra)
+    print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()}, "dynamic smem", dyn)
+    assert any("sparse_decode_kernel" in n for n in seen) and any("combine" in n for n in seen)
