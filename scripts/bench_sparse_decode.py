@@ -146,6 +146,7 @@ def main():
     ap.add_argument("--out", default="build/bench_sparse_decode")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--max-b-competitors", type=int, default=128)
     ap.add_argument("--sglang-triton", default=os.path.join(ROOT, ".sglang/0.5.23/flash_mla_sm120_triton.py"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -198,12 +199,12 @@ def main():
                         o2, l2 = torch_impl(**sets[0])
                         r["max_abs_err_vs_torch"] = float((o1.float() - o2.float()).abs().max())
                     r["ours_us"], r["ours_mode"] = time_fn(lambda a: sparse_decode(**a), sets, args.reps)
-                    if b * s_q * T * 512 * 4 <= 2 ** 31:
+                    if b * s_q * T * 512 * 4 <= 2 ** 31 and b <= args.max_b_competitors:
                         try:
                             r["torch_us"], _ = time_fn(lambda a: torch_impl(**a), sets[:2], max(5, args.reps // 4))
                         except Exception as e:  # noqa: BLE001
                             r["torch_err"] = f"{type(e).__name__}: {e}"[:200]
-                    if tri is not None:
+                    if tri is not None and b <= args.max_b_competitors:
                         def tri_fn(a, s_q=s_q, b=b, h_q=h_q):
                             q = a["q"].reshape(b * s_q, 1, h_q, 512)
                             return tri.flash_mla_sparse_decode_triton(

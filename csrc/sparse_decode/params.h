@@ -51,6 +51,7 @@ typedef struct SparseDecodeParams {
   int64_t num_splits;       // >= 1
   int64_t split_tokens;     // positions (of topk + extra_topk) per split, multiple of the token tile
   double softmax_scale;
+  int64_t impl;             // 0: SIMT kernel (16 heads/block), 1: mma.sync kernel (32 heads/block)
 } SparseDecodeParams;
 
 #ifdef __cplusplus

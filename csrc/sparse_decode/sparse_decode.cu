@@ -1,6 +1,6 @@
 // Instantiation + launcher of the sparse FP8 MLA decode kernels (see kernel.cuh).
 #include <atomic>
-#include "kernel.cuh"
+#include "kernel_mma.cuh"
 
 namespace dsv4 {
 
@@ -16,6 +16,8 @@ static cudaError_t ensure_smem_attr() {
   if (g_smem_configured.load(std::memory_order_acquire) & bit) return cudaSuccess;
   e = cudaFuncSetAttribute(sparse_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(sparse_decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSmemBytes);
+  if (e != cudaSuccess) return e;
   g_smem_configured.fetch_or(bit, std::memory_order_release);
   return cudaSuccess;
 }
@@ -24,9 +26,15 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   cudaError_t e = ensure_smem_attr();
   if (e != cudaSuccess) return e;
   const int64_t rows = p.b * p.s_q;
-  const int head_tiles = (int)((p.h_q + kHeadTile - 1) / kHeadTile);
-  dim3 grid((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits);
-  sparse_decode_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  if (p.impl == 1) {
+    const int head_tiles = (int)((p.h_q + kMmaHeads - 1) / kMmaHeads);
+    dim3 grid((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits);
+    sparse_decode_mma_kernel<<<grid, kMmaThreads, kMmaSmemBytes, stream>>>(p);
+  } else {
+    const int head_tiles = (int)((p.h_q + kHeadTile - 1) / kHeadTile);
+    dim3 grid((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits);
+    sparse_decode_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  }
   e = cudaGetLastError();
   if (e != cudaSuccess || p.num_splits == 1) return e;
   dim3 grid2((unsigned)rows, (unsigned)p.h_q);

@@ -24,8 +24,14 @@ OP = "sparse_decode"
 D = 512
 TOKEN_BYTES = 584
 TOK_TILE = 32          # kTokTile in csrc/sparse_decode/kernel.cuh
-HEAD_TILE = 16         # kHeadTile
+HEAD_TILE = {"simt": 16, "mma": 32}   # kHeadTile (kernel.cuh) / kMmaHeads (kernel_mma.cuh)
 MAX_SPLITS = 64
+# Which kernel: "mma" (mma.sync tensor cores, default) or "simt" (the first, fp32-FMA version).
+# Read once at import.
+import os as _os
+IMPL = _os.environ.get("DSV4_SPARSE_DECODE_IMPL", "mma").lower()
+if IMPL not in HEAD_TILE:
+    IMPL = "mma"
 
 _SM_COUNT = {}
 
@@ -39,11 +45,12 @@ def _sm_count(device: torch.device) -> int:
     return n
 
 
-def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int) -> Tuple[int, int]:
+def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
+                  impl: Optional[str] = None) -> Tuple[int, int]:
     """(num_splits, split_tokens) from shapes only. Split the position list only when the grid
     b*s_q*ceil(h_q/16) does not fill ~2 blocks per SM; each split gets whole token tiles."""
     tiles = max(1, -(-total_positions // TOK_TILE))
-    blocks = b * s_q * (-(-h_q // HEAD_TILE))
+    blocks = b * s_q * (-(-h_q // HEAD_TILE[impl or IMPL]))
     splits = 1
     if blocks < 2 * num_sms:
         splits = min(MAX_SPLITS, tiles, max(1, -(-2 * num_sms // blocks)))
@@ -168,6 +175,7 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
         p.o_part, p.lse_part = o_part.data_ptr(), lse_part.data_ptr()
     p.b, p.s_q, p.h_q, p.num_splits, p.split_tokens = b, s_q, h_q, splits, split_tokens
     p.softmax_scale = scale
+    p.impl = 1 if IMPL == "mma" else 0
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
         rc = lib.dsv4_sparse_decode(p, stream)
