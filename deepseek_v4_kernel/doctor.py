@@ -60,8 +60,8 @@ def _extension_info() -> dict:
     try:
         from . import _ext
 
-        lib = _ext.load()
-        return {"loads": True, "path": _ext.library_path(), "archs": _ext.built_archs(lib)}
+        _ext.load()
+        return {"loads": True, "path": _ext.lib_path(), "archs": _ext.built_archs()}
     except Exception as e:
         return {"loads": False, "error": f"{type(e).__name__}: {e}"}
 

@@ -135,3 +135,12 @@ def test_patch_applies_in_spawned_child():
     assert "CHILD_PATCHED=True" in r.stdout, r.stdout + r.stderr
     # one line per interpreter: the parent, the child, and multiprocessing's resource tracker
     assert 2 <= len(_banner_lines(r.stderr)) <= 3, r.stderr
+
+
+def test_broken_extension_is_reported_and_start_up_survives(tmp_path):
+    bad = tmp_path / "_C.so"
+    bad.write_bytes(b"not an ELF file")
+    r = run_child("from deepseek_v4_kernel.doctor import main; raise SystemExit(main(['--no-selftest']))",
+                  env={"DSV4_KERNEL_LIB": str(bad), "DSV4_KERNEL_FORCE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "extension: does not load: ExtensionUnavailable: cannot load" in r.stdout

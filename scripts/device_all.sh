@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The one GPU run: build (if no extension was carried), doctor with self-test, the whole test
+# suite on the GPU, every benchmark. Everything lands in $OUT/results.tar.gz (benches' JSON/PNG,
+# logs) plus $OUT/summary.log; the tables print last.
+# Usage (device machine, repo root): OUT=/some/dir bash scripts/device_all.sh [bench ops...]
+set -u
+export PYTHONUNBUFFERED=1 DSV4_KERNEL_FORCE=1
+OUT=${OUT:-$(pwd)/build/device_out}
+work=$(mktemp -d)
+mkdir -p "$OUT"
+log() { echo "== $*" | tee -a "$work/summary.log"; }
+{ nvidia-smi -L; python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"; } \
+    2>&1 | tee "$work/env.txt"
+
+if [ ! -f deepseek_v4_kernel/_C.so ]; then
+    log "building the extension here (sm_90a + sm_120a)"
+    DSV4_KERNEL_EXTRA_ARCHS=90a bash scripts/build_ext.sh deepseek_v4_kernel/_C.so > "$work/build.log" 2>&1
+    log "build rc=$?"
+fi
+
+log "doctor"
+timeout 180 python3 -m deepseek_v4_kernel doctor 2>&1 | tee "$work/doctor.txt"
+log "doctor rc=${PIPESTATUS[0]}"
+
+log "tests"
+timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rs -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$work/pytest.log" 2>&1
+log "pytest rc=$?"
+tail -15 "$work/pytest.log" | tee -a "$work/summary.log"
+
+ops=${*:-sparse_decode indexer_logits hc_prenorm fp4_moe}
+for op in $ops; do
+    [ -f "scripts/bench_$op.py" ] || { log "no bench for $op"; continue; }
+    mkdir -p "$work/bench_$op"
+    log "bench $op"
+    timeout ${BENCH_TIMEOUT:-150} python3 "scripts/bench_$op.py" --out "$work/bench_$op" > "$work/bench_$op/bench.log" 2>&1
+    log "bench $op rc=$?"
+done
+tar -C "$work" -czf "$OUT/results.tar.gz" .
+cp "$work/summary.log" "$OUT/summary.log"
+for op in $ops; do [ -f "$work/bench_$op/bench.log" ] && { echo "---- $op"; tail -30 "$work/bench_$op/bench.log"; }; done
