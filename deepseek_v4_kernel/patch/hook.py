@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional
 
 from . import policy
-from .targets import CONDITIONS, Target
+from .targets import CONDITIONS, SURVEYED, Target
 
 log = logging.getLogger("deepseek_v4_kernel")
 
@@ -233,7 +233,9 @@ class Patcher:
                 log.info("deepseek_v4_kernel: rebound %s.%s -> %s", module.__name__, name, t.replacement)
 
     def _known_version(self, t: Target) -> bool:
-        return t.last is None or self.version is None or policy.parse_version(self.version) <= policy.parse_version(t.last)
+        """Whether this SGLang version was surveyed (a newer one is patched only after the checks)."""
+        newest = t.last or SURVEYED[-1]
+        return self.version is None or policy.parse_version(self.version) <= policy.parse_version(newest)
 
     # ---------------------------------------------------------------- report
     def report(self) -> List[dict]:
