@@ -76,25 +76,42 @@ sparse_decode_mma_kernel(const SparseDecodeParams p) {
 #pragma unroll
   for (int j = 0; j < 16; ++j) { acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f; }
 
+  // gather mapping: thread -> (token n, 64-value chunk c); the next tile's raw bytes are loaded
+  // into registers while the current tile is computed (software pipelining, plain ld.global).
+  const int gn = tid >> 3, gc = tid & 7;
+  uint4 raw[8];
+  float gscale = 0.f;
+  bool gvalid = false;
+  auto load_raw = [&](int64_t t0) {
+    const int64_t pos = t0 + gn;
+    const uint8_t* sp = nullptr;
+    const uint8_t* tok = pos < pos_end ? resolve_slot(p, bi, si, pos, &sp) : nullptr;
+    gvalid = tok != nullptr;
+    if (gvalid) {
+      if (gc < 7) {
+        gscale = ue8m0_to_float(sp[gc]);
+        const uint4* src = (const uint4*)(tok + gc * 64);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) raw[k] = __ldg(src + k);
+      } else {
+        const uint4* src = (const uint4*)(tok + kNope);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) raw[k] = __ldg(src + k);
+      }
+    }
+  };
+  if (pos_begin < pos_end) load_raw(pos_begin);
+
   for (int64_t t0 = pos_begin; t0 < pos_end; t0 += kTokTile) {
     __syncthreads();
-    {  // gather + dequantise (same mapping as the SIMT kernel)
-      const int n = tid >> 3, c = tid & 7;
-      const int64_t pos = t0 + n;
-      const uint8_t* sp = nullptr;
-      const uint8_t* tok = pos < pos_end ? resolve_slot(p, bi, si, pos, &sp) : nullptr;
-      __nv_bfloat16* dst = Ks + n * kKPitch + c * 64;
-      if (c == 0) Vs[n] = tok != nullptr;
-      if (tok == nullptr) {
+    {  // dequantise the registers into Ks
+      __nv_bfloat16* dst = Ks + gn * kKPitch + gc * 64;
+      if (gc == 0) Vs[gn] = gvalid;
+      if (!gvalid) {
         uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int k = 0; k < 8; ++k) ((uint4*)dst)[k] = z;
-      } else if (c < 7) {
-        const float s = ue8m0_to_float(sp[c]);
-        const uint4* src = (const uint4*)(tok + c * 64);
-        uint4 raw[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) raw[k] = __ldg(src + k);
+      } else if (gc < 7) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const uint8_t* b8 = (const uint8_t*)&raw[k];
@@ -102,36 +119,36 @@ sparse_decode_mma_kernel(const SparseDecodeParams p) {
 #pragma unroll
           for (int e = 0; e < 16; ++e) {
             __nv_fp8_e4m3 f; f.__x = b8[e];
-            o[e] = __float2bfloat16((float)f * s);
+            o[e] = __float2bfloat16((float)f * gscale);
           }
           ((uint4*)dst)[2 * k] = ((uint4*)o)[0];
           ((uint4*)dst)[2 * k + 1] = ((uint4*)o)[1];
         }
       } else {
-        const uint4* src = (const uint4*)(tok + kNope);
-        uint4 raw[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) raw[k] = __ldg(src + k);
 #pragma unroll
         for (int k = 0; k < 8; ++k) ((uint4*)dst)[k] = raw[k];
       }
     }
     __syncthreads();
+    if (t0 + kTokTile < pos_end) load_raw(t0 + kTokTile);
     {  // S tile [mt*16 + 16 heads, wn*8 + 8 tokens]
-      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
       const __nv_bfloat16* qa = Qs + (mt * 16 + g) * kQPitch + 2 * t4;
       const __nv_bfloat16* kb = Ks + (wn * 8 + g) * kKPitch + 2 * t4;
 #pragma unroll 8
       for (int k0 = 0; k0 < kDim; k0 += 16) {
         uint32_t a[4], b[2];
+        float* sacc = (k0 & 16) ? s2 : s;   // two independent mma chains
         a[0] = *(const uint32_t*)(qa + k0);
         a[1] = *(const uint32_t*)(qa + 8 * kQPitch + k0);
         a[2] = *(const uint32_t*)(qa + k0 + 8);
         a[3] = *(const uint32_t*)(qa + 8 * kQPitch + k0 + 8);
         b[0] = *(const uint32_t*)(kb + k0);
         b[1] = *(const uint32_t*)(kb + k0 + 8);
-        mma_bf16_16816(s, a, b);
+        mma_bf16_16816(sacc, a, b);
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[i] += s2[i];
       const int r0 = mt * 16 + g, c0 = wn * 8 + 2 * t4;
       Ss[r0 * kSPitch + c0] = Vs[c0] ? s[0] * scale2 : -INFINITY;
       Ss[r0 * kSPitch + c0 + 1] = Vs[c0 + 1] ? s[1] * scale2 : -INFINITY;
@@ -139,26 +156,34 @@ sparse_decode_mma_kernel(const SparseDecodeParams p) {
       Ss[(r0 + 8) * kSPitch + c0 + 1] = Vs[c0 + 1] ? s[3] * scale2 : -INFINITY;
     }
     __syncthreads();
-    if (tid < kMmaHeads) {  // online softmax, one thread per head row
-      float* srow = Ss + tid * kSPitch;
-      float mx = -INFINITY;
+    {  // online softmax: 8 threads per head row, 4 tokens each (fp32, base 2)
+      const int r = tid >> 3, part = tid & 7;
+      float* srow = Ss + r * kSPitch + part * 4;
+      float v[4];
 #pragma unroll
-      for (int n = 0; n < kTokTile; ++n) mx = fmaxf(mx, srow[n]);
-      const float m_old = Ms[tid];
+      for (int n = 0; n < 4; ++n) v[n] = srow[n];
+      float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = Ms[r];
       const float m_new = fmaxf(m_old, mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
       const float alpha = exp2f(m_old - m_use);
       float sum = 0.f;
-      __nv_bfloat16* prow = Ps + tid * kPPitch;
+      __nv_bfloat16* prow = Ps + r * kPPitch + part * 4;
 #pragma unroll
-      for (int n = 0; n < kTokTile; ++n) {
-        const float e = exp2f(srow[n] - m_use);   // l and lse from fp32 P; PV uses P rounded to bf16
+      for (int n = 0; n < 4; ++n) {
+        const float e = exp2f(v[n] - m_use);   // l and lse from fp32 P; PV uses P rounded to bf16
         prow[n] = __float2bfloat16(e);
         sum += e;
       }
-      Ls[tid] = Ls[tid] * alpha + sum;
-      Ms[tid] = m_new;
-      As[tid] = alpha;
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (part == 0) {
+        Ls[r] = Ls[r] * alpha + sum;
+        Ms[r] = m_new;
+        As[r] = alpha;
+      }
     }
     __syncthreads();
     {  // O[mt rows, wn*128 + 128 dims] = O * alpha + P V
