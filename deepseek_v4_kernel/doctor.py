@@ -85,7 +85,12 @@ def _targets(import_modules: bool) -> dict:
             rec = patcher.records[t]
             if rec.status == "pending" and t.module in import_errors:
                 rec.reason = f"module not importable here: {import_errors[t.module]}"
-    return {"active": patcher.active, "why": patcher.why, "sglang": patcher.version, "targets": report()}
+    rows = report()
+    for t, row in zip(patcher.targets, rows):
+        ok, why = t.applies_to_version(patcher.version)
+        row["would"] = ("on an SM12x device: patched when its module is imported (after the checks)" if ok
+                        else f"on an SM12x device: not applied ({why})")
+    return {"active": patcher.active, "why": patcher.why, "sglang": patcher.version, "targets": rows}
 
 
 def collect(run_selftest: bool = True, import_modules: bool = True) -> dict:
@@ -134,7 +139,10 @@ def format_text(d: dict) -> str:
     p = d["patch"]
     lines.append(f"patch layer: {'ACTIVE' if p['active'] else 'inactive'} ({p['why']}); SGLang {p['sglang'] or 'not installed'}")
     for r in p["targets"]:
-        lines.append(f"  [{r['status']:>8}] {r['op']:<14} {r['target']}  (SGLang {r['versions']}): {r['reason']}")
+        reason = r["reason"]
+        if not p["active"]:  # say what would happen on an SM12x device
+            reason = r["would"]
+        lines.append(f"  [{r['status']:>8}] {r['op']:<14} {r['target']}  (SGLang {r['versions']}): {reason}")
     st = d.get("selftest")
     if isinstance(st, dict) and "skipped" in st:
         lines.append(f"self-test: skipped ({st['skipped']})")
