@@ -12,7 +12,9 @@ log() { echo "== $*" | tee -a "$work/summary.log"; }
 { nvidia-smi -L; python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"; } \
     2>&1 | tee "$work/env.txt"
 
-if [ ! -f deepseek_v4_kernel/_C.so ]; then
+if [ -n "${DSV4_KERNEL_LIB:-}" ] && [ -f "$DSV4_KERNEL_LIB" ]; then
+    log "using the carried extension $DSV4_KERNEL_LIB"
+elif [ ! -f deepseek_v4_kernel/_C.so ]; then
     log "building the extension here (sm_90a + sm_120a)"
     DSV4_KERNEL_EXTRA_ARCHS=90a bash scripts/build_ext.sh deepseek_v4_kernel/_C.so > "$work/build.log" 2>&1
     log "build rc=$?"
@@ -32,7 +34,9 @@ for op in $ops; do
     [ -f "scripts/bench_$op.py" ] || { log "no bench for $op"; continue; }
     mkdir -p "$work/bench_$op"
     log "bench $op"
-    timeout ${BENCH_TIMEOUT:-150} python3 "scripts/bench_$op.py" --out "$work/bench_$op" > "$work/bench_$op/bench.log" 2>&1
+    extra_var="ARGS_$op"  # e.g. ARGS_sparse_decode="--quick": per-bench extra arguments
+    timeout ${BENCH_TIMEOUT:-150} python3 "scripts/bench_$op.py" --out "$work/bench_$op" ${!extra_var:-} \
+        > "$work/bench_$op/bench.log" 2>&1
     log "bench $op rc=$?"
 done
 tar -C "$work" -czf "$OUT/results.tar.gz" .
