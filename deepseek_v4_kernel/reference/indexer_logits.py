@@ -61,15 +61,19 @@ def row_lengths(context_lens: torch.Tensor, batch: int, next_n: int) -> torch.Te
     return lens.clamp(min=0).reshape(-1)
 
 
-def paged_mqa_logits_ref(q, kv_cache, weights, context_lens, block_table, max_context_len):
-    """float64 [b*next_n, max_context_len]; -inf past each row's length."""
+def _paged_rows(q, kv_cache, weights, context_lens, block_table, max_context_len, magnitude):
+    """Row by row over each row's visible tokens. magnitude=False: the logits (-inf past the length);
+    True: the bound scale[t] * sum_h |w| * sum_d |q k| (0 past the length)."""
     B, N, H, D = q.shape
     vals, scales = unpack_paged_k_cache(kv_cache.cpu())
     qd = q.cpu().double()
     w = weights.cpu().double().reshape(B * N, H)
+    if magnitude:
+        qd, w, vals, scales = qd.abs(), w.abs(), vals.abs(), scales.abs()
     lens = row_lengths(context_lens, B, N)
     bt = block_table.cpu().long()
-    out = torch.full((B * N, max_context_len), float("-inf"), dtype=torch.float64)
+    fill = 0.0 if magnitude else float("-inf")
+    out = torch.full((B * N, max_context_len), fill, dtype=torch.float64)
     for i in range(B):
         for j in range(N):
             r = i * N + j
@@ -80,32 +84,21 @@ def paged_mqa_logits_ref(q, kv_cache, weights, context_lens, block_table, max_co
             pages = bt[i, t // BLOCK_KV]
             k = vals[pages, t % BLOCK_KV]  # [L, D]
             s = scales[pages, t % BLOCK_KV]  # [L]
-            dots = torch.einsum("hd,td->ht", qd[i, j], k).clamp(min=0)
+            dots = torch.einsum("hd,td->ht", qd[i, j], k)
+            if not magnitude:
+                dots = dots.clamp(min=0)
             out[r, :L] = s * (w[r][:, None] * dots).sum(0)
     return out
 
 
+def paged_mqa_logits_ref(q, kv_cache, weights, context_lens, block_table, max_context_len):
+    """float64 [b*next_n, max_context_len]; -inf past each row's length."""
+    return _paged_rows(q, kv_cache, weights, context_lens, block_table, max_context_len, magnitude=False)
+
+
 def paged_mqa_logits_magnitude(q, kv_cache, weights, context_lens, block_table, max_context_len):
     """float64 bound scale[t] * sum_h |w| * sum_d |q k| (for per-element tolerances)."""
-    B, N, H, D = q.shape
-    vals, scales = unpack_paged_k_cache(kv_cache.cpu())
-    qd = q.cpu().double().abs()
-    w = weights.cpu().double().reshape(B * N, H).abs()
-    lens = row_lengths(context_lens, B, N)
-    bt = block_table.cpu().long()
-    out = torch.zeros((B * N, max_context_len), dtype=torch.float64)
-    for i in range(B):
-        for j in range(N):
-            r = i * N + j
-            L = int(min(lens[r], max_context_len))
-            if L <= 0:
-                continue
-            t = torch.arange(L)
-            pages = bt[i, t // BLOCK_KV]
-            k = vals[pages, t % BLOCK_KV].abs()
-            s = scales[pages, t % BLOCK_KV].abs()
-            out[r, :L] = s * (w[r][:, None] * torch.einsum("hd,td->ht", qd[i, j], k)).sum(0)
-    return out
+    return _paged_rows(q, kv_cache, weights, context_lens, block_table, max_context_len, magnitude=True)
 
 
 def mqa_logits_ref(q, kv, weights, ks, ke, max_seqlen_k=0, magnitude=False):
