@@ -29,6 +29,12 @@ def toypkg(tmp_path, monkeypatch):
         def other(a):
             return a
         STATE = "initial"
+        class Base:
+            def inherited(self, x):
+                return ("base", x)
+        class Method(Base):
+            def apply(self, x, y=1):
+                return ("orig", x, y)
     """))
     (pkg / "user.py").write_text(f"from {name}.lib import op\nfrom {name}.lib import op as aliased\n")
     (pkg / "ours.py").write_text(textwrap.dedent("""
@@ -39,6 +45,10 @@ def toypkg(tmp_path, monkeypatch):
             return ("ours", x, y)
         def narrow(x):
             return ("narrow", x)
+        def apply(self, x, y=1):
+            if x < 0:
+                raise UnsupportedCase(f"toy: x must be >= 0, got {x}")
+            return ("ours", type(self).__name__, x, y)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
@@ -102,6 +112,26 @@ def test_missing_attribute_is_skipped(toypkg):
         assert "no attribute does_not_exist" in p.records[t].reason
     finally:
         p.uninstall()
+
+
+def test_method_of_a_class_is_patched_and_hands_back_with_self(toypkg, monkeypatch):
+    monkeypatch.delenv("DSV4_KERNEL_STRICT", raising=False)
+    t = _target(toypkg, attr="Method.apply", replacement=f"{toypkg}.ours:apply", params=("self", "x", "y"),
+                importers=())
+    p = _patcher([t])
+    lib = __import__(f"{toypkg}.lib", fromlist=["Method"])
+    assert p.records[t].status == hook.PATCHED, p.records[t].reason
+    m = lib.Method()
+    assert m.apply(2) == ("ours", "Method", 2, 1)
+    assert m.apply(-1, y=5) == ("orig", -1, 5)  # handed back, self passed through
+    assert p.records[t].handbacks == 1
+    # a method the class only inherits is not this target's call site; a missing class is drift
+    inherited = _target(toypkg, attr="Method.inherited", replacement=f"{toypkg}.ours:apply", params=(), importers=())
+    gone = _target(toypkg, attr="Gone.apply", replacement=f"{toypkg}.ours:apply", params=(), importers=())
+    p2 = _patcher([inherited, gone])
+    p2.on_import(f"{toypkg}.lib", lib)
+    assert p2.records[inherited].status == hook.SKIPPED and "not a plain function" in p2.records[inherited].reason
+    assert p2.records[gone].status == hook.SKIPPED and "no attribute" in p2.records[gone].reason
 
 
 def test_signature_drift_is_skipped(toypkg):

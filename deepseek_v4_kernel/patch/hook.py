@@ -84,6 +84,18 @@ def _params(fn) -> Optional[set]:
     return names
 
 
+def _owner(module, attr: str):
+    """(object holding the last component of a dotted ``attr``, that name); (None, name) if the
+    path breaks. ``"Fp8MoEMethod.apply"`` patches a method on a class of ``module``."""
+    *path, name = attr.split(".")
+    owner = module
+    for part in path:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None, name
+    return owner, name
+
+
 def make_replacement(target: Target, record: Record, original: Callable, ours: Callable) -> Callable:
     from ..errors import ExtensionUnavailable, UnsupportedCase
 
@@ -183,10 +195,16 @@ class Patcher:
 
     def _apply(self, t: Target, module) -> None:
         rec = self.records[t]
-        if not hasattr(module, t.attr):
+        owner, name = _owner(module, t.attr)
+        if owner is None or name not in vars(owner) and not hasattr(owner, name):
             rec.status, rec.reason = SKIPPED, f"{t.module} has no attribute {t.attr} (SGLang {self.version} drifted)"
             return
-        original = getattr(module, t.attr)
+        # a class attribute is read from the class's own namespace: a method defined on a base
+        # class is not this target's call site, and getattr would hide a staticmethod wrapper
+        original = vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name)
+        if original is None or isinstance(original, (staticmethod, classmethod)):
+            rec.status, rec.reason = SKIPPED, f"{t.module}.{t.attr} is not a plain function defined there"
+            return
         if getattr(original, "__dsv4_original__", None) is not None:
             rec.status, rec.reason = PATCHED, "already patched"
             self.replacements[t] = original
@@ -197,7 +215,7 @@ class Patcher:
                 rec.status, rec.reason = LEFT, why
                 return
         if t.kind == "setattr":
-            setattr(module, t.attr, t.value)
+            setattr(owner, name, t.value)
             rec.status, rec.reason = PATCHED, f"{t.attr} = {t.value!r} (was {original!r})"
             log.info("deepseek_v4_kernel: set %s.%s = %r (%s)", t.module, t.attr, t.value, t.op)
             return
@@ -216,7 +234,7 @@ class Patcher:
             rec.status, rec.reason = SKIPPED, f"replacement {t.replacement} does not take {sorted(set(t.params) - ours_params)}"
             return
         wrapper = make_replacement(t, rec, original, ours)
-        setattr(module, t.attr, wrapper)
+        setattr(owner, name, wrapper)
         self.replacements[t] = wrapper
         rec.status, rec.reason = PATCHED, f"-> {t.replacement}" + ("" if self._known_version(t) else " (SGLang version newer than surveyed)")
         log.info("deepseek_v4_kernel: patched %s.%s -> %s", t.module, t.attr, t.replacement)
