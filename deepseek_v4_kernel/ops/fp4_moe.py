@@ -1,0 +1,685 @@
+"""MXFP4 routed experts of DeepSeek-V4 as Triton grouped GEMMs (no dequantised copy).
+
+    fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
+            swiglu_limit=None, routed_scaling_factor=None, impl=None, out=None,
+            config=None) -> [M, hidden]
+
+hidden_states bf16 [M, hidden]; w13 int8/uint8 [E, 2I, hidden/2] (gate rows 0..I-1, up
+rows I..2I-1, e2m1 low nibble first); w13_scale [E, 2I, hidden/32]; w2 int8/uint8
+[E, hidden, I/2]; w2_scale [E, hidden, I/32]. Scales: uint8 UE8M0 bits,
+torch.float8_e8m0fnu, or float32 holding the power of two (what SGLang's Fp8MoEMethod
+keeps in ``w13_weight_scale_inv``; only the exponent field is read, so they must be
+exact powers of two, as they are when loaded from e8m0). topk_weights float32/bf16/fp16
+[M, k]; topk_ids int32/int64 [M, k]; an id < 0 or >= E drops that slot (EP mapping).
+out[t] = rsf * sum_k w[t,k] * (silu(g) * u) W2^T with g/u = x W13^T (g clamped to
+<= limit and u to [-limit, limit] first when swiglu_limit is given, as DSV4 does).
+Output bf16 [M, hidden], every element written. See docs/fp4_moe.md for the evidence.
+
+Pipeline (no host sync, shapes depend only on M, k, E -> CUDA-graph safe):
+  routing, S = M*k slots:
+    S <= 512: _route_small_kernel (1 program): per-expert counts, BM-padded segment
+              starts, the expert of every row block (-1 past the end), slot of every row
+    else:     counts memset + _count_kernel (atomic ranks) + _layout_kernel (1 program)
+  _gemm1_kernel: gate and up tiles from the packed fp4 weights + scales, fused
+                 clamp/SiLU*up, h (bf16) per padded row
+  _gemm2_kernel: y = h W2^T * routing weight -> one row per slot
+  _reduce_kernel: out[t] = rsf * sum of the valid slots of t (fp32, fixed order)
+max_blocks = floor(S / BM) + min(E, S) bounds the row blocks for any routing. Both GEMMs
+run a 1-D grid over (row block, N tile), row blocks grouped by GROUP_M so that a group's
+activations and its experts' weights stay in L2 (prefill); decode uses GROUP_M=1 and small
+N tiles so that one expert's weight stream is split over many SMs.
+
+Inner product (``impl``):
+  "dequant"    e2m1 -> fp16 bit pattern -> fp32 * 2^(s-113) -> bf16 in registers (exact),
+               bf16 tl.dot with the weights as the MMA M side ("swap AB": tokens are the
+               small N side, so decode wastes no MMA rows); the two nibbles of a byte
+               feed two dots over the even and the odd K columns (no interleave shuffle).
+  "dot_scaled" tl.dot_scaled(bf16 activations, e2m1 weights + ue8m0 scales): exact; Triton
+               3.6 upcasts e2m1 to bf16 for this pair on every architecture.
+  "mxfp8"      activations quantised in-kernel to MXFP8 (e4m3, one power-of-two scale per
+               32 K values, scale 2^(ceil(log2 amax) - 8)), then
+               tl.dot_scaled(e4m3, e2m1): the operand pair that SM100/SM120 block-scaled
+               MMA (kind::mxf8f6f4) takes natively. Approximate (activation rounding, like
+               SGLang's DeepGEMM FP8 x FP4 path); emulated on the H100.
+The interpreter (TRITON_INTERPRET=1; no dot_scaled there) always runs "dequant" with fp32
+dots and fp32 intermediates (its bf16 casts truncate).
+Default: env DSV4_FP4_MOE_IMPL, else DEFAULT_IMPL_CC10 on cc >= 10 and DEFAULT_IMPL_SM90
+below (chosen from the H100 runs, see docs/fp4_moe.md).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from deepseek_v4_kernel.errors import UnsupportedCase
+
+OP = "fp4_moe"
+SMEM_LIMIT = 101376
+GROUP = 32
+IMPLS = ("dequant", "dot_scaled", "mxfp8")
+_IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}
+DEFAULT_IMPL_SM90 = "dequant"
+DEFAULT_IMPL_CC10 = "dot_scaled"
+SMALL_ROUTE_MAX_SLOTS = 512
+
+# compiled kernels of the last call (for the shared-memory test)
+LAST_KERNELS: dict = {}
+
+
+def _interp() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# --------------------------------------------------------------------------- routing
+# IT_* > 0 only under TRITON_INTERPRET=1: triton 3.6's interpreter cannot run range()
+# with runtime bounds, so there the loops get host-computed trip counts.
+@triton.jit
+def _chunk_onehot(ids_ptr, s0, S, E, EP: tl.constexpr, BS: tl.constexpr):
+    s = s0 + tl.arange(0, BS)
+    m = s < S
+    ids = tl.load(ids_ptr + s, mask=m, other=-1).to(tl.int32)
+    valid = m & (ids >= 0) & (ids < E)
+    e = tl.arange(0, EP)
+    oh = ((ids[:, None] == e[None, :]) & valid[:, None]).to(tl.int32)
+    return s, valid, oh
+
+
+@triton.jit
+def _chunk_scatter(ids_ptr, sorted_ptr, start, run, s0, S, E, EP: tl.constexpr, BS: tl.constexpr):
+    s, valid, oh = _chunk_onehot(ids_ptr, s0, S, E, EP, BS)
+    cs = tl.cumsum(oh, 0) + run[None, :]  # 1-based rank of the slot inside its expert
+    pos = tl.sum(oh * (cs - 1 + start[None, :]), 1)
+    tl.store(sorted_ptr + pos, s, mask=valid)
+    return run + tl.sum(oh, 0)
+
+
+@triton.jit
+def _block_experts(block_expert_ptr, end, emask, total, b0, MAX_BLOCKS, BM: tl.constexpr,
+                   BB: tl.constexpr):
+    b = b0 + tl.arange(0, BB)
+    row = b * BM
+    below = (end[None, :] <= row[:, None]) & emask[None, :]
+    ex = tl.sum(below.to(tl.int32), axis=1)
+    ex = tl.where(row < total, ex, -1)
+    tl.store(block_expert_ptr + b, ex, mask=b < MAX_BLOCKS)
+
+
+@triton.jit
+def _route_small_kernel(ids_ptr, counts_ptr, start_ptr, block_expert_ptr, sorted_ptr,
+                        S, E, MAX_BLOCKS,
+                        BM: tl.constexpr, EP: tl.constexpr, BS: tl.constexpr, BB: tl.constexpr,
+                        IT_S: tl.constexpr, IT_B: tl.constexpr):
+    """Whole routing layout in one program (decode sizes: no memset, no atomics)."""
+    e = tl.arange(0, EP)
+    emask = e < E
+    cnt = tl.zeros([EP], dtype=tl.int32)
+    if IT_S > 0:
+        for it in range(0, IT_S):
+            _s, _v, oh = _chunk_onehot(ids_ptr, it * BS, S, E, EP, BS)
+            cnt += tl.sum(oh, 0)
+    else:
+        for s0 in range(0, S, BS):
+            _s, _v, oh = _chunk_onehot(ids_ptr, s0, S, E, EP, BS)
+            cnt += tl.sum(oh, 0)
+    padded = (cnt + BM - 1) // BM * BM
+    end = tl.cumsum(padded, 0)
+    start = end - padded
+    total = tl.sum(padded, 0)
+    tl.store(counts_ptr + e, cnt, mask=emask)
+    tl.store(start_ptr + e, start, mask=emask)
+    run = tl.zeros([EP], dtype=tl.int32)
+    if IT_S > 0:
+        for it in range(0, IT_S):
+            run = _chunk_scatter(ids_ptr, sorted_ptr, start, run, it * BS, S, E, EP, BS)
+    else:
+        for s0 in range(0, S, BS):
+            run = _chunk_scatter(ids_ptr, sorted_ptr, start, run, s0, S, E, EP, BS)
+    if IT_B > 0:
+        for it in range(0, IT_B):
+            _block_experts(block_expert_ptr, end, emask, total, it * BB, MAX_BLOCKS, BM, BB)
+    else:
+        for b0 in range(0, MAX_BLOCKS, BB):
+            _block_experts(block_expert_ptr, end, emask, total, b0, MAX_BLOCKS, BM, BB)
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, rank_ptr, S, E, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < S
+    ids = tl.load(ids_ptr + offs, mask=m, other=-1).to(tl.int32)
+    valid = m & (ids >= 0) & (ids < E)
+    safe = tl.where(valid, ids, 0)
+    r = tl.atomic_add(counts_ptr + safe, tl.full([BLOCK], 1, tl.int32), mask=valid, sem="relaxed")
+    tl.store(rank_ptr + offs, tl.where(valid, r, -1), mask=m)
+
+
+@triton.jit
+def _layout_kernel(counts_ptr, ids_ptr, rank_ptr, start_ptr, block_expert_ptr, sorted_ptr,
+                   S, E, MAX_BLOCKS,
+                   BM: tl.constexpr, EP: tl.constexpr, BB: tl.constexpr, BS: tl.constexpr,
+                   IT_B: tl.constexpr, IT_S: tl.constexpr):
+    e = tl.arange(0, EP)
+    emask = e < E
+    c = tl.load(counts_ptr + e, mask=emask, other=0)
+    padded = (c + BM - 1) // BM * BM
+    end = tl.cumsum(padded, 0)
+    start = end - padded
+    total = tl.sum(padded, 0)
+    tl.store(start_ptr + e, start, mask=emask)
+    if IT_B > 0:
+        for it in range(0, IT_B):
+            _block_experts(block_expert_ptr, end, emask, total, it * BB, MAX_BLOCKS, BM, BB)
+    else:
+        for b0 in range(0, MAX_BLOCKS, BB):
+            _block_experts(block_expert_ptr, end, emask, total, b0, MAX_BLOCKS, BM, BB)
+    tl.debug_barrier()  # start_ptr written above is read back below by other threads
+    if IT_S > 0:
+        for it in range(0, IT_S):
+            _scatter(ids_ptr, rank_ptr, start_ptr, sorted_ptr, it * BS, S, BS)
+    else:
+        for s0 in range(0, S, BS):
+            _scatter(ids_ptr, rank_ptr, start_ptr, sorted_ptr, s0, S, BS)
+
+
+@triton.jit
+def _scatter(ids_ptr, rank_ptr, start_ptr, sorted_ptr, s0, S, BS: tl.constexpr):
+    s = s0 + tl.arange(0, BS)
+    m = s < S
+    rk = tl.load(rank_ptr + s, mask=m, other=-1)
+    valid = m & (rk >= 0)
+    ids = tl.load(ids_ptr + s, mask=valid, other=0).to(tl.int32)
+    st = tl.load(start_ptr + ids, mask=valid, other=0)
+    tl.store(sorted_ptr + st + rk, s, mask=valid)
+
+
+# --------------------------------------------------------------------------- helpers
+@triton.jit
+def _tile_ids(NUM_M, N, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, N tile) of this program; GROUP_M row blocks share a run of N tiles."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BN)
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    gsz = tl.minimum(NUM_M - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % gsz
+    pid_n = (pid % in_group) // gsz
+    return pid_m, pid_n
+
+
+@triton.jit
+def _scale_exp(sp, mask, SCALE_F32: tl.constexpr):
+    """UE8M0 exponent (int32) from uint8 bits or a float32 power of two."""
+    if SCALE_F32:
+        bits = tl.load(sp, mask=mask, other=1.0).to(tl.int32, bitcast=True)
+        return (bits >> 23) & 0xFF
+    else:
+        return tl.load(sp, mask=mask, other=127).to(tl.int32)
+
+
+@triton.jit
+def _deq_half(hb, sf, BN: tl.constexpr, BKH: tl.constexpr, OUT_DT: tl.constexpr):
+    """fp16 bit patterns of e2m1 * 2^-14 (int32 [BN, BKH]) times sf = 2^(s-113) per 16."""
+    v = hb.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    sfb = tl.reshape(tl.broadcast_to(sf[:, :, None], (BN, BKH // 16, 16)), (BN, BKH))
+    return (v * sfb).to(OUT_DT)
+
+
+@triton.jit
+def _mma_swapped(acc, a_ev, a_od, wp, se, BN: tl.constexpr, BK: tl.constexpr,
+                 INTERP: tl.constexpr):
+    """acc[BN, BM] += W[BN, BK] @ A[BM, BK]^T from packed bytes wp [BN, BK/2] (uint8),
+    exponents se [BN, BK/32] and A split into its even (a_ev) and odd (a_od) K columns.
+
+    An e2m1 code c = s|e1|e0|m placed at fp16 bits 15 and 11..9 is the fp16 number
+    e2m1(c) * 2^-14 (code 1 lands on the fp16 subnormal 2^-15 = 0.5 * 2^-14), so after
+    an exact fp16 -> fp32 convert one multiply by 2^(s - 127 + 14) gives the weight."""
+    w = wp.to(tl.int32)
+    sf = ((se + 14) << 23).to(tl.float32, bitcast=True)
+    hb_lo = ((w & 7) << 9) | ((w & 8) << 12)
+    hb_hi = ((w & 0x70) << 5) | ((w & 0x80) << 8)
+    if INTERP:  # the interpreter's bf16 casts truncate; same exact values in fp32
+        lo = _deq_half(hb_lo, sf, BN, BK // 2, tl.float32)
+        hi = _deq_half(hb_hi, sf, BN, BK // 2, tl.float32)
+        acc = tl.dot(lo, tl.trans(a_ev.to(tl.float32)), acc, input_precision="ieee")
+        acc = tl.dot(hi, tl.trans(a_od.to(tl.float32)), acc, input_precision="ieee")
+    else:
+        lo = _deq_half(hb_lo, sf, BN, BK // 2, tl.bfloat16)
+        hi = _deq_half(hb_hi, sf, BN, BK // 2, tl.bfloat16)
+        acc = tl.dot(lo, tl.trans(a_ev), acc)
+        acc = tl.dot(hi, tl.trans(a_od), acc)
+    return acc
+
+
+@triton.jit
+def _quant_mxfp8(a, BM: tl.constexpr, BK: tl.constexpr):
+    """bf16 [BM, BK] -> e4m3 [BM, BK] and uint8 biased exponents [BM, BK/32]; the scale of
+    a 32-group is 2^(ceil(log2 amax) - 8), so |a| / scale <= 256 < 448 (no saturation)."""
+    g = tl.reshape(a.to(tl.float32), (BM, BK // 32, 32))
+    amax = tl.max(tl.abs(g), axis=2)
+    bits = amax.to(tl.int32, bitcast=True)
+    ex = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    sexp = tl.maximum(ex - 8, 1)
+    inv = ((254 - sexp) << 23).to(tl.float32, bitcast=True)
+    q = tl.reshape(g * inv[:, :, None], (BM, BK)).to(tl.float8e4nv)
+    return q, sexp.to(tl.uint8)
+
+
+# --------------------------------------------------------------------------- GEMMs
+@triton.jit
+def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, start_ptr, counts_ptr,
+                  TOPK, NUM_M, HID: tl.constexpr, INTER: tl.constexpr,
+                  stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
+                  limit,
+                  SCALE_F32: tl.constexpr, SWIGLU: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                  IMPL: tl.constexpr, INTERP: tl.constexpr):
+    pid_m, pid_n = _tile_ids(NUM_M, INTER, BN, GROUP_M)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    st = tl.load(start_ptr + e)
+    cnt = tl.load(counts_ptr + e)
+    rows = pid_m * BM + tl.arange(0, BM)
+    rvalid = (rows - st) < cnt
+    slot = tl.load(sorted_ptr + rows, mask=rvalid, other=0)
+    tok = (slot // TOPK).to(tl.int64)
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < INTER
+    e64 = e.to(tl.int64)
+    wg_base = w_ptr + e64 * stride_we + n[:, None].to(tl.int64) * stride_wn
+    wu_base = wg_base + INTER * stride_wn
+    sg_base = s_ptr + e64 * stride_se + n[:, None].to(tl.int64) * stride_sn
+    su_base = sg_base + INTER * stride_sn
+    x_base = x_ptr + tok[:, None] * stride_xm
+    kp = tl.arange(0, BK // 2)
+    ks = tl.arange(0, BK // 32)
+    if IMPL == 0:
+        acc_g = tl.zeros([BN, BM], dtype=tl.float32)
+        acc_u = tl.zeros([BN, BM], dtype=tl.float32)
+        for k0 in range(0, HID, BK):
+            pin = (k0 // 2 + kp) < HID // 2
+            am = rvalid[:, None] & pin[None, :]
+            ap = x_base + (k0 + 2 * kp)[None, :]
+            a_ev = tl.load(ap, mask=am, other=0.0)
+            a_od = tl.load(ap + 1, mask=am, other=0.0)
+            pm = nmask[:, None] & pin[None, :]
+            sm = nmask[:, None] & ((k0 // 32 + ks) < HID // 32)[None, :]
+            wg = tl.load(wg_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
+            wu = tl.load(wu_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
+            sg = _scale_exp(sg_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
+            su = _scale_exp(su_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
+            acc_g = _mma_swapped(acc_g, a_ev, a_od, wg, sg, BN, BK, INTERP)
+            acc_u = _mma_swapped(acc_u, a_ev, a_od, wu, su, BN, BK, INTERP)
+    else:
+        kk = tl.arange(0, BK)
+        acc_gt = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_ut = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, HID, BK):
+            a = tl.load(x_base + (k0 + kk)[None, :],
+                        mask=rvalid[:, None] & ((k0 + kk) < HID)[None, :], other=0.0)
+            pm = nmask[:, None] & ((k0 // 2 + kp) < HID // 2)[None, :]
+            sm = nmask[:, None] & ((k0 // 32 + ks) < HID // 32)[None, :]
+            wg = tl.load(wg_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
+            wu = tl.load(wu_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
+            sg = _scale_exp(sg_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32).to(tl.uint8)
+            su = _scale_exp(su_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32).to(tl.uint8)
+            if IMPL == 1:
+                acc_gt = tl.dot_scaled(a, None, "bf16", tl.trans(wg), sg, "e2m1", acc_gt)
+                acc_ut = tl.dot_scaled(a, None, "bf16", tl.trans(wu), su, "e2m1", acc_ut)
+            else:
+                aq, asc = _quant_mxfp8(a, BM, BK)
+                acc_gt = tl.dot_scaled(aq, asc, "e4m3", tl.trans(wg), sg, "e2m1", acc_gt)
+                acc_ut = tl.dot_scaled(aq, asc, "e4m3", tl.trans(wu), su, "e2m1", acc_ut)
+        acc_g = tl.trans(acc_gt)
+        acc_u = tl.trans(acc_ut)
+    if SWIGLU:
+        acc_g = tl.minimum(acc_g, limit)
+        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    hp = h_ptr + rows[None, :].to(tl.int64) * stride_hm + n[:, None]
+    tl.store(hp, h.to(h_ptr.dtype.element_ty), mask=rvalid[None, :] & nmask[:, None])
+
+
+@triton.jit
+def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_ptr, start_ptr,
+                  counts_ptr, NUM_M, HID: tl.constexpr, INTER: tl.constexpr,
+                  stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
+                  SCALE_F32: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                  IMPL: tl.constexpr, INTERP: tl.constexpr):
+    pid_m, pid_n = _tile_ids(NUM_M, HID, BN, GROUP_M)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:
+        return
+    st = tl.load(start_ptr + e)
+    cnt = tl.load(counts_ptr + e)
+    rows = pid_m * BM + tl.arange(0, BM)
+    rvalid = (rows - st) < cnt
+    slot = tl.load(sorted_ptr + rows, mask=rvalid, other=0)
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < HID
+    e64 = e.to(tl.int64)
+    w_base = w_ptr + e64 * stride_we + n[:, None].to(tl.int64) * stride_wn
+    s_base = s_ptr + e64 * stride_se + n[:, None].to(tl.int64) * stride_sn
+    a_base = h_ptr + rows[:, None].to(tl.int64) * stride_hm
+    kp = tl.arange(0, BK // 2)
+    ks = tl.arange(0, BK // 32)
+    if IMPL == 0:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+        for k0 in range(0, INTER, BK):
+            pin = (k0 // 2 + kp) < INTER // 2
+            am = rvalid[:, None] & pin[None, :]
+            ap = a_base + (k0 + 2 * kp)[None, :]
+            a_ev = tl.load(ap, mask=am, other=0.0)
+            a_od = tl.load(ap + 1, mask=am, other=0.0)
+            pm = nmask[:, None] & pin[None, :]
+            sm = nmask[:, None] & ((k0 // 32 + ks) < INTER // 32)[None, :]
+            wp = tl.load(w_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
+            se = _scale_exp(s_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
+            acc = _mma_swapped(acc, a_ev, a_od, wp, se, BN, BK, INTERP)
+    else:
+        kk = tl.arange(0, BK)
+        acc_t = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, INTER, BK):
+            a = tl.load(a_base + (k0 + kk)[None, :],
+                        mask=rvalid[:, None] & ((k0 + kk) < INTER)[None, :], other=0.0)
+            pm = nmask[:, None] & ((k0 // 2 + kp) < INTER // 2)[None, :]
+            sm = nmask[:, None] & ((k0 // 32 + ks) < INTER // 32)[None, :]
+            wp = tl.load(w_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
+            se = _scale_exp(s_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32).to(tl.uint8)
+            if IMPL == 1:
+                acc_t = tl.dot_scaled(a, None, "bf16", tl.trans(wp), se, "e2m1", acc_t)
+            else:
+                aq, asc = _quant_mxfp8(a, BM, BK)
+                acc_t = tl.dot_scaled(aq, asc, "e4m3", tl.trans(wp), se, "e2m1", acc_t)
+        acc = tl.trans(acc_t)
+    tw = tl.load(tw_ptr + slot, mask=rvalid, other=0.0).to(tl.float32)
+    acc = acc * tw[None, :]
+    yp = y_ptr + slot[None, :].to(tl.int64) * stride_ym + n[:, None]
+    tl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=rvalid[None, :] & nmask[:, None])
+
+
+@triton.jit
+def _reduce_kernel(y_ptr, ids_ptr, out_ptr, HID, E, rsf, stride_ym, stride_om,
+                   TOPK: tl.constexpr, BH: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BH + tl.arange(0, BH)
+    nm = n < HID
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for k in tl.static_range(TOPK):
+        idx = tl.load(ids_ptr + t * TOPK + k).to(tl.int32)
+        ok = (idx >= 0) & (idx < E)
+        v = tl.load(y_ptr + (t * TOPK + k) * stride_ym + n, mask=nm & ok, other=0.0)
+        acc += v.to(tl.float32)
+    tl.store(out_ptr + t * stride_om + n, (acc * rsf).to(out_ptr.dtype.element_ty), mask=nm)
+
+
+# --------------------------------------------------------------------------- configs
+_CFG_KEYS = ("BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages")
+
+
+def _pick_config(M: int, topk: int, E: int, I: int, H: int, impl: str):
+    """Tiles by expected rows per expert (decode and prefill tuned separately).
+
+    BM: rows (tokens) per block (shared by both GEMMs, it sets the row layout);
+    BN: weight rows per program (gemm1: per gate and per up half); BK: K per step."""
+    S = M * topk
+    per_expert = S / max(1, min(E, S))
+    if per_expert <= 8:  # decode: weight-stream bound; many programs over N
+        c1 = dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3)
+        c2 = dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3)
+    elif per_expert <= 48:
+        c1 = dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)
+        c2 = dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)
+    else:  # prefill
+        c1 = dict(BM=64, BN=64, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
+        c2 = dict(BM=64, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
+    return c1, c2
+
+
+def _finish_config(c1, c2, I, H):
+    c2["BM"] = c1["BM"]  # both GEMMs share the row layout
+    # tiny problems: keep BK <= K rounded up to a power of two >= 32
+    c1["BK"] = min(c1["BK"], max(32, triton.next_power_of_2(H)))
+    c2["BK"] = min(c2["BK"], max(32, triton.next_power_of_2(I)))
+    return c1, c2
+
+
+def default_impl() -> str:
+    env = os.environ.get("DSV4_FP4_MOE_IMPL")
+    if env:
+        return env
+    if _interp() or not torch.cuda.is_available():
+        return "dequant"
+    major = torch.cuda.get_device_capability()[0]
+    return DEFAULT_IMPL_CC10 if major >= 10 else DEFAULT_IMPL_SM90
+
+
+# --------------------------------------------------------------------------- checks
+def _err(msg):
+    raise UnsupportedCase(f"{OP}: {msg}")
+
+
+_SCALE_DTYPES = (torch.uint8, torch.float32) + (
+    (torch.float8_e8m0fnu,) if hasattr(torch, "float8_e8m0fnu") else ())
+
+
+def _shape(t):
+    return list(getattr(t, "shape", []))
+
+
+def _check(x, w13, s13, w2, s2, tw, ids):
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
+        _err(f"hidden_states must be bf16 [M, hidden], got "
+             f"{getattr(x, 'dtype', type(x).__name__)} {_shape(x)}")
+    M, H = x.shape
+    for name, w in (("w13", w13), ("w2", w2)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype not in (torch.int8, torch.uint8):
+            _err(f"{name} must be int8/uint8 packed e2m1 [E, N, K/2], got "
+                 f"{getattr(w, 'dtype', type(w).__name__)} {_shape(w)}")
+    E = w13.shape[0]
+    I2 = w13.shape[1]
+    if I2 % 2 or w13.shape[2] * 2 != H:
+        _err(f"w13 must be [E, 2I, hidden/2] = [E, 2I, {H // 2}], got {list(w13.shape)}")
+    inter = I2 // 2
+    if H % GROUP or inter % GROUP or inter == 0:
+        _err(f"hidden ({H}) and I ({inter}) must be positive multiples of {GROUP} "
+             f"(w13 {list(w13.shape)})")
+    if tuple(w2.shape) != (E, H, inter // 2):
+        _err(f"w2 must be [E, hidden, I/2] = {[E, H, inter // 2]}, got {list(w2.shape)}")
+    for name, s, wname, w in (("w13_scale", s13, "w13", w13), ("w2_scale", s2, "w2", w2)):
+        want = (w.shape[0], w.shape[1], w.shape[2] * 2 // GROUP)
+        if (not isinstance(s, torch.Tensor) or s.dtype not in _SCALE_DTYPES
+                or tuple(s.shape) != want):
+            _err(f"{name} must be uint8/float8_e8m0fnu/float32 {list(want)}, got "
+                 f"{getattr(s, 'dtype', type(s).__name__)} {_shape(s)}")
+        if s.stride(-1) != 1:
+            _err(f"{name} must have unit stride along K/32, got strides {s.stride()}")
+        if w.stride(-1) != 1:
+            _err(f"{wname} must have unit stride along K, got strides {w.stride()}")
+    if (not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != M
+            or ids.dtype not in (torch.int32, torch.int64) or ids.shape[1] < 1):
+        _err(f"topk_ids must be int32/int64 [M={M}, k>=1], got "
+             f"{getattr(ids, 'dtype', type(ids).__name__)} {_shape(ids)}")
+    if (not isinstance(tw, torch.Tensor) or tw.shape != ids.shape
+            or tw.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
+        _err(f"topk_weights must be float32/bf16/fp16 [M={M}, k={ids.shape[1]}], got "
+             f"{getattr(tw, 'dtype', type(tw).__name__)} {_shape(tw)}")
+    devs = {t.device for t in (x, w13, s13, w2, s2, tw, ids)}
+    if len(devs) != 1:
+        _err(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    if x.stride(1) != 1:
+        _err(f"hidden_states must have unit stride along hidden, got strides {x.stride()}")
+    return M, H, E, inter, ids.shape[1]
+
+
+def _scale_arg(s):
+    if s.dtype == torch.float32:
+        return s, True
+    if s.dtype != torch.uint8:
+        s = s.view(torch.uint8)
+    return s, False
+
+
+def _merge_config(c1, c2, config):
+    if config is None:
+        return c1, c2
+    if not isinstance(config, dict) or set(config) - {"gemm1", "gemm2"}:
+        _err(f"config must be a dict with keys 'gemm1'/'gemm2', got {config!r}")
+    for c, key in ((c1, "gemm1"), (c2, "gemm2")):
+        over = config.get(key) or {}
+        bad = set(over) - set(_CFG_KEYS)
+        if bad:
+            _err(f"config[{key!r}] has unknown keys {sorted(bad)} (allowed {list(_CFG_KEYS)})")
+        c.update(over)
+    if "BM" in (config.get("gemm2") or {}) and config["gemm2"]["BM"] != c1["BM"]:
+        _err("config: gemm2 BM must equal gemm1 BM (shared row layout)")
+    for c in (c1, c2):
+        for k in ("BM", "BN", "BK"):
+            v = c[k]
+            if v < 16 or v & (v - 1):
+                _err(f"config {k} must be a power of two >= 16, got {v}")
+        if c["BK"] < 32:
+            _err(f"config BK must be >= 32, got {c['BK']}")
+    return c1, c2
+
+
+# --------------------------------------------------------------------------- op
+def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
+            swiglu_limit=None, routed_scaling_factor=None, impl=None, out=None, config=None):
+    """DeepSeek-V4 MXFP4 routed experts (see module docstring). Returns bf16 [M, hidden].
+
+    ``config`` (tuning/benchmarks): {"gemm1": {...}, "gemm2": {...}} overriding any of
+    BM, BN, BK, GROUP_M, num_warps, num_stages of the picked tiles."""
+    M, H, E, inter, topk = _check(hidden_states, w13, w13_scale, w2, w2_scale,
+                                  topk_weights, topk_ids)
+    impl = impl or default_impl()
+    if impl not in IMPLS:
+        _err(f"impl must be one of {list(IMPLS)}, got {impl!r}")
+    interp = _interp()
+    if interp:
+        impl = "dequant"
+    dev = hidden_states.device
+    if out is None:
+        out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
+    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, H)
+          or out.dtype != torch.bfloat16 or out.stride(1) != 1 or out.device != dev):
+        _err(f"out must be bf16 [M, hidden] = {[M, H]} on {dev} with unit stride, got "
+             f"{getattr(out, 'dtype', type(out).__name__)} {_shape(out)}")
+    if M == 0:
+        return out
+    S = M * topk
+    c1, c2 = _pick_config(M, topk, E, inter, H, impl)
+    c1, c2 = _merge_config(c1, c2, config)
+    c1, c2 = _finish_config(c1, c2, inter, H)
+    BM = c1["BM"]
+    max_blocks = S // BM + min(E, S)
+    max_rows = max_blocks * BM
+
+    ids = topk_ids.contiguous().view(-1)
+    tw = topk_weights.contiguous().view(-1)
+    start = torch.empty(E, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    sorted_slot = torch.empty(max_rows, dtype=torch.int32, device=dev)
+    mid_dtype = torch.float32 if interp else torch.bfloat16
+    hbuf = torch.empty(max_rows, inter, dtype=mid_dtype, device=dev)
+    ybuf = torch.empty(S, H, dtype=mid_dtype, device=dev)
+    EP = max(16, triton.next_power_of_2(E))
+    BB = 32
+    if S <= SMALL_ROUTE_MAX_SLOTS:
+        counts = torch.empty(E, dtype=torch.int32, device=dev)
+        BS = 32 if EP <= 256 else 16
+        _route_small_kernel[(1,)](
+            ids, counts, start, block_expert, sorted_slot, S, E, max_blocks,
+            BM=BM, EP=EP, BS=BS, BB=BB,
+            IT_S=triton.cdiv(S, BS) if interp else 0,
+            IT_B=triton.cdiv(max_blocks, BB) if interp else 0, num_warps=4)
+    else:
+        counts = torch.zeros(E, dtype=torch.int32, device=dev)
+        rank = torch.empty(S, dtype=torch.int32, device=dev)
+        BLK = 1024
+        _count_kernel[(triton.cdiv(S, BLK),)](ids, counts, rank, S, E, BLOCK=BLK)
+        _layout_kernel[(1,)](counts, ids, rank, start, block_expert, sorted_slot, S, E,
+                             max_blocks, BM=BM, EP=EP, BB=BB, BS=1024,
+                             IT_B=triton.cdiv(max_blocks, BB) if interp else 0,
+                             IT_S=triton.cdiv(S, 1024) if interp else 0, num_warps=4)
+
+    s13, f13 = _scale_arg(w13_scale)
+    s2_, f2 = _scale_arg(w2_scale)
+    code = _IMPL_CODE[impl]
+    swiglu = swiglu_limit is not None
+    g1 = (max_blocks * triton.cdiv(inter, c1["BN"]),)
+    k1 = _gemm1_kernel[g1](
+        hidden_states, w13, s13, hbuf, sorted_slot, block_expert, start, counts,
+        topk, max_blocks, H, inter,
+        hidden_states.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
+        hbuf.stride(0), float(swiglu_limit) if swiglu else 0.0,
+        SCALE_F32=f13, SWIGLU=swiglu, BM=BM, BN=c1["BN"], BK=c1["BK"], GROUP_M=c1["GROUP_M"],
+        IMPL=code, INTERP=interp, num_warps=c1["num_warps"], num_stages=c1["num_stages"])
+    g2 = (max_blocks * triton.cdiv(H, c2["BN"]),)
+    k2 = _gemm2_kernel[g2](
+        hbuf, w2, s2_, ybuf, tw, sorted_slot, block_expert, start, counts, max_blocks, H, inter,
+        hbuf.stride(0), w2.stride(0), w2.stride(1), s2_.stride(0), s2_.stride(1), ybuf.stride(0),
+        SCALE_F32=f2, BM=BM, BN=c2["BN"], BK=c2["BK"], GROUP_M=c2["GROUP_M"], IMPL=code,
+        INTERP=interp, num_warps=c2["num_warps"], num_stages=c2["num_stages"])
+    BH = min(1024, triton.next_power_of_2(H))
+    _reduce_kernel[(M, triton.cdiv(H, BH))](
+        ybuf, ids, out, H, E,
+        1.0 if routed_scaling_factor is None else float(routed_scaling_factor),
+        ybuf.stride(0), out.stride(0), TOPK=topk, BH=BH)
+    LAST_KERNELS["gemm1"] = k1
+    LAST_KERNELS["gemm2"] = k2
+    LAST_KERNELS["config"] = (dict(c1), dict(c2), impl)
+    return out
+
+
+# --------------------------------------------------------------------------- SGLang shim
+def fp8_moe_method_apply(self, layer, dispatch_output):
+    """Drop-in for ``Fp8MoEMethod.apply(self, layer, dispatch_output) -> CombineInput`` of
+    ``sglang.srt.layers.quantization.fp8`` (SGLang 0.5.12+), for DeepSeek-V4's MXFP4 experts on
+    the Triton MoE runner. There SGLang hands the packed e2m1 bytes to its fp8 Triton kernel,
+    which stops with "Hidden size mismatch" (hidden vs hidden/2): on SM120 that is the default
+    path of 0.5.12-0.5.15.post1, and the path of any later version run with
+    ``--moe-runner-backend triton`` (docs/sglang_surface.md has the evidence).
+
+    Reads SGLang's own parameters as its loader left them (w13_weight int8 [E, 2I, hidden/2] =
+    [gate; up], w13_weight_scale_inv float32 powers of two [E, 2I, hidden/32], w2 likewise), so
+    routing, weight loading and expert placement stay SGLang's; applies the runner config the way
+    SGLang's Triton runner does (swiglu_limit clamp, routed_scaling_factor on the sum). Any other
+    case raises UnsupportedCase and the patch layer calls the original method.
+    """
+    if not getattr(self, "is_fp4_expert", False):
+        _err("Fp8MoEMethod.apply: the layer's experts are not MXFP4 (is_fp4_expert is False)")
+    backend = getattr(getattr(self, "runner", None), "runner_backend", None)
+    if backend is None or not backend.is_triton():
+        _err(f"Fp8MoEMethod.apply: MoE runner backend is {getattr(backend, 'name', backend)}, not triton")
+    fmt = getattr(dispatch_output, "format", None)
+    if fmt is not None and hasattr(fmt, "is_standard") and not fmt.is_standard():
+        _err(f"Fp8MoEMethod.apply: dispatch output format {fmt} is not the standard one")
+    if getattr(dispatch_output, "hidden_states_scale", None) is not None:
+        _err("Fp8MoEMethod.apply: hidden_states arrive quantised (hidden_states_scale is set); bf16 expected")
+    cfg = self.moe_runner_config
+    if getattr(cfg, "activation", "silu") != "silu" or not getattr(cfg, "is_gated", True):
+        _err(f"Fp8MoEMethod.apply: activation {getattr(cfg, 'activation', None)!r} "
+             f"(gated={getattr(cfg, 'is_gated', None)}) unsupported; gated silu expected")
+    if getattr(cfg, "apply_router_weight_on_input", False) or getattr(cfg, "no_combine", False):
+        _err("Fp8MoEMethod.apply: apply_router_weight_on_input / no_combine unsupported")
+    if getattr(cfg, "gemm1_alpha", None) is not None or getattr(cfg, "gemm1_clamp_limit", None) is not None:
+        _err("Fp8MoEMethod.apply: gemm1_alpha / gemm1_clamp_limit (GPT-OSS style SwiGLU) unsupported")
+    if getattr(layer, "w13_weight_bias", None) is not None or getattr(layer, "w2_weight_bias", None) is not None:
+        _err("Fp8MoEMethod.apply: expert biases unsupported")
+    topk_output = dispatch_output.topk_output
+    topk_weights = getattr(topk_output, "topk_weights", None)
+    topk_ids = getattr(topk_output, "topk_ids", None)
+    if topk_weights is None or topk_ids is None:
+        _err(f"Fp8MoEMethod.apply: top-k output {type(topk_output).__name__} has no topk_weights/topk_ids")
+    out = fp4_moe(dispatch_output.hidden_states, layer.w13_weight, layer.w13_weight_scale_inv,
+                  layer.w2_weight, layer.w2_weight_scale_inv, topk_weights, topk_ids,
+                  swiglu_limit=getattr(cfg, "swiglu_limit", None),
+                  routed_scaling_factor=getattr(cfg, "routed_scaling_factor", None))
+    from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
+
+    return StandardCombineInput(hidden_states=out)
