@@ -37,10 +37,12 @@ Inner product (``impl``):
   "dot_scaled" tl.dot_scaled(bf16 activations, e2m1 weights + ue8m0 scales): exact; Triton
                3.6 upcasts e2m1 to bf16 for this pair on every architecture.
   "mxfp8"      activations quantised in-kernel to MXFP8 (e4m3, one power-of-two scale per
-               32 K values, scale 2^(ceil(log2 amax) - 8)), then
-               tl.dot_scaled(e4m3, e2m1): the operand pair that SM100/SM120 block-scaled
-               MMA (kind::mxf8f6f4) takes natively. Approximate (activation rounding, like
-               SGLang's DeepGEMM FP8 x FP4 path); emulated on the H100.
+               32 K values, scale 2^(ceil(log2 amax) - 8)); the e2m1 weights re-encoded
+               as e4m3 bytes in registers (exact; scale + 6), then
+               tl.dot_scaled(e4m3, e4m3): Triton 3.6 lowers that pair on sm_120 to the
+               native mma.sync kind::mxf8f6f4.block_scale (it emulates mixed e4m3 x e2m1
+               and bf16 x e2m1). Approximate (activation rounding, as SGLang's SM120
+               FlashInfer MXFP8 x MXFP4 path); emulated on the H100.
 The interpreter (TRITON_INTERPRET=1; no dot_scaled there) always runs "dequant" with fp32
 dots and fp32 intermediates (its bf16 casts truncate).
 Default: env DSV4_FP4_MOE_IMPL, else DEFAULT_IMPL_CC10 on cc >= 10 and DEFAULT_IMPL_SM90
@@ -62,7 +64,7 @@ GROUP = 32
 IMPLS = ("dequant", "dot_scaled", "mxfp8")
 _IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}
 DEFAULT_IMPL_SM90 = "dequant"
-DEFAULT_IMPL_CC10 = "dot_scaled"
+DEFAULT_IMPL_CC10 = "mxfp8"
 SMALL_ROUTE_MAX_SLOTS = 512
 
 # compiled kernels of the last call (for the shared-memory test)
@@ -267,6 +269,19 @@ def _quant_mxfp8(a, BM: tl.constexpr, BK: tl.constexpr):
     return q, sexp.to(tl.uint8)
 
 
+@triton.jit
+def _w_e4m3(wp, se, BN: tl.constexpr, BK: tl.constexpr):
+    """packed e2m1 [BN, BK/2] -> e4m3 bytes [BN, BK] (K order) and ue8m0 bits [BN, BK/32].
+
+    e2m1 magnitude bits (e1 e0 m) moved to e4m3 bits 4..2 read as e4m3 give the e2m1 value
+    times 2^-6 exactly (code 1 becomes the e4m3 subnormal 2^-7), so the scale gains +6."""
+    w = wp.to(tl.int32)
+    lo = ((w & 7) << 2) | ((w & 8) << 4)
+    hi = ((w >> 2) & 0x1C) | (w & 0x80)
+    q = tl.reshape(tl.join(lo, hi), (BN, BK)).to(tl.uint8)
+    return q, (se + 6).to(tl.uint8)
+
+
 # --------------------------------------------------------------------------- GEMMs
 @triton.jit
 def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, start_ptr, counts_ptr,
@@ -324,15 +339,17 @@ def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, star
             sm = nmask[:, None] & ((k0 // 32 + ks) < HID // 32)[None, :]
             wg = tl.load(wg_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
             wu = tl.load(wu_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
-            sg = _scale_exp(sg_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32).to(tl.uint8)
-            su = _scale_exp(su_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32).to(tl.uint8)
+            sg = _scale_exp(sg_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
+            su = _scale_exp(su_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
             if IMPL == 1:
-                acc_gt = tl.dot_scaled(a, None, "bf16", tl.trans(wg), sg, "e2m1", acc_gt)
-                acc_ut = tl.dot_scaled(a, None, "bf16", tl.trans(wu), su, "e2m1", acc_ut)
+                acc_gt = tl.dot_scaled(a, None, "bf16", tl.trans(wg), sg.to(tl.uint8), "e2m1", acc_gt)
+                acc_ut = tl.dot_scaled(a, None, "bf16", tl.trans(wu), su.to(tl.uint8), "e2m1", acc_ut)
             else:
                 aq, asc = _quant_mxfp8(a, BM, BK)
-                acc_gt = tl.dot_scaled(aq, asc, "e4m3", tl.trans(wg), sg, "e2m1", acc_gt)
-                acc_ut = tl.dot_scaled(aq, asc, "e4m3", tl.trans(wu), su, "e2m1", acc_ut)
+                qg, qsg = _w_e4m3(wg, sg, BN, BK)
+                qu, qsu = _w_e4m3(wu, su, BN, BK)
+                acc_gt = tl.dot_scaled(aq, asc, "e4m3", tl.trans(qg), qsg, "e4m3", acc_gt)
+                acc_ut = tl.dot_scaled(aq, asc, "e4m3", tl.trans(qu), qsu, "e4m3", acc_ut)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut)
     if SWIGLU:
@@ -389,12 +406,13 @@ def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_p
             pm = nmask[:, None] & ((k0 // 2 + kp) < INTER // 2)[None, :]
             sm = nmask[:, None] & ((k0 // 32 + ks) < INTER // 32)[None, :]
             wp = tl.load(w_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
-            se = _scale_exp(s_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32).to(tl.uint8)
+            se = _scale_exp(s_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
             if IMPL == 1:
-                acc_t = tl.dot_scaled(a, None, "bf16", tl.trans(wp), se, "e2m1", acc_t)
+                acc_t = tl.dot_scaled(a, None, "bf16", tl.trans(wp), se.to(tl.uint8), "e2m1", acc_t)
             else:
                 aq, asc = _quant_mxfp8(a, BM, BK)
-                acc_t = tl.dot_scaled(aq, asc, "e4m3", tl.trans(wp), se, "e2m1", acc_t)
+                qw, qs = _w_e4m3(wp, se, BN, BK)
+                acc_t = tl.dot_scaled(aq, asc, "e4m3", tl.trans(qw), qs, "e4m3", acc_t)
         acc = tl.trans(acc_t)
     tw = tl.load(tw_ptr + slot, mask=rvalid, other=0.0).to(tl.float32)
     acc = acc * tw[None, :]

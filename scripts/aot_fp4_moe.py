@@ -1,0 +1,95 @@
+"""Compile fp4_moe's GEMM kernels ahead of time (no GPU needed) for sm_90 / sm_120 and report
+shared memory, registers, spills and the MMA instructions used, per impl and tile config.
+
+usage: python scripts/aot_fp4_moe.py [--arch 120] [--json OUT.json]
+Prints one JSON line per (kernel, impl, config) prefixed with "AOT".
+"""
+import argparse
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from deepseek_v4_kernel.ops import fp4_moe as op  # noqa: E402
+
+H, I = 4096, 2048
+
+
+def configs():
+    """(label, M) of the picked configs: decode, mid and prefill (E=256, topk 6)."""
+    out = []
+    for label, M in (("decode", 32), ("mid", 1024), ("prefill", 8192)):
+        c1, c2 = op._pick_config(M, 6, 256, I, H, "dequant")
+        c1, c2 = op._finish_config(c1, c2, I, H)
+        out.append((label, c1, c2))
+    return out
+
+
+def _attrs(fn, names):
+    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
+
+
+def compile_one(kernel, impl, c, arch, scale_f32=False):
+    ptrs1 = dict(x_ptr="*bf16", w_ptr="*i8", s_ptr="*fp32" if scale_f32 else "*u8", h_ptr="*bf16",
+                 sorted_ptr="*i32", block_expert_ptr="*i32", start_ptr="*i32", counts_ptr="*i32")
+    if kernel == "gemm1":
+        fn = op._gemm1_kernel
+        sig = dict(ptrs1)
+        ints = ["TOPK", "NUM_M", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_hm"]
+        sig.update({k: "i32" for k in ints})
+        sig["limit"] = "fp32"
+        const = dict(HID=H, INTER=I, SCALE_F32=scale_f32, SWIGLU=True)
+        div = list(ptrs1) + ["stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_hm"]
+    else:
+        fn = op._gemm2_kernel
+        sig = dict(h_ptr="*bf16", w_ptr="*i8", s_ptr="*fp32" if scale_f32 else "*u8", y_ptr="*bf16",
+                   tw_ptr="*fp32", sorted_ptr="*i32", block_expert_ptr="*i32", start_ptr="*i32",
+                   counts_ptr="*i32")
+        ints = ["NUM_M", "stride_hm", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ym"]
+        sig.update({k: "i32" for k in ints})
+        const = dict(HID=H, INTER=I, SCALE_F32=scale_f32)
+        div = [k for k in sig if k.endswith("_ptr")] + ["stride_hm", "stride_we", "stride_wn", "stride_se",
+                                                          "stride_sn", "stride_ym"]
+    const.update(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], IMPL=op._IMPL_CODE[impl],
+                 INTERP=False)
+    sig.update({k: "constexpr" for k in const})
+    k = triton.compile(ASTSource(fn, sig, const, _attrs(fn, div)), target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
+    ptx = k.asm["ptx"]
+    return dict(shared=k.metadata.shared, n_regs=getattr(k, "n_regs", None),
+                n_spills=getattr(k, "n_spills", None),
+                mma_sync="mma.sync" in ptx, wgmma="wgmma" in ptx, tcgen05="tcgen05" in ptx,
+                block_scale="block_scale" in ptx, mxf8f6f4="mxf8f6f4" in ptx, mxf4="mxf4" in ptx)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", type=int, action="append")
+    ap.add_argument("--impls", default=",".join(op.IMPLS))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    res = []
+    for arch in args.arch or [120]:
+        for label, c1, c2 in configs():
+            for impl in args.impls.split(","):
+                for kern, c in (("gemm1", c1), ("gemm2", c2)):
+                    rec = dict(arch=arch, label=label, impl=impl, kernel=kern, config=c)
+                    try:
+                        rec.update(compile_one(kern, impl, c, arch))
+                    except Exception as e:  # noqa: BLE001
+                        rec["error"] = (type(e).__name__ + ": " + str(e))[-600:]
+                    res.append(rec)
+                    print("AOT" + json.dumps(rec), flush=True)
+    if args.json:
+        json.dump(res, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

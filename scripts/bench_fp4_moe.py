@@ -1,0 +1,377 @@
+"""Benchmark: MXFP4 routed experts (ours, Triton) vs two torch baselines, DeepSeek-V4-Flash shapes.
+
+Shapes: E=256 experts, topk 6, hidden 4096, I 2048; tokens in {1, 8, 32, 128, 1024, 8192};
+routing = a random top-6 of 256 per token (distinct experts), routing weights in (0, 1].
+Weights: random packed e2m1 bytes and UE8M0 scales (uint8, 2^-9..2^-3), as in the checkpoint.
+
+Competitors (timed in the same run, eager, host syncs included as they have them):
+  torch_dequant_gemm: dequantise the distinct hit experts to bf16 in batched torch ops (table
+      lookup * scale), then padded batched bf16 GEMMs (torch.bmm) -- the "dequantise then bf16
+      GEMM" approach with no Python loop over experts;
+  python_loop: for each hit expert: dequantise its weights, bf16 matmuls on its tokens,
+      index_add -- what field fallbacks do.
+Ours is timed inside a CUDA graph (several calls per graph, as SGLang decode runs), so host
+launch overhead is not in the number; "ours_eager" is reported too.
+
+Floors (measured on this GPU in this run):
+  weight-byte floor = (distinct experts hit) * (packed weight bytes + scale bytes) / copy
+      bandwidth (read+write of a 1 GiB device copy) -> "% of floor" = floor / ours (decode);
+  FLOP floor = 6 * slots * hidden * I / dense bf16 mma rate (torch.mm 8192^3) -> "% FLOP floor".
+
+usage: python scripts/bench_fp4_moe.py --out DIR [--quick] [--sweep] [--sweep-budget S]
+                                        [--impls dequant,dot_scaled,mxfp8]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from deepseek_v4_kernel.ops import fp4_moe as op  # noqa: E402
+from deepseek_v4_kernel.reference.fp4_moe import E2M1_VALUES, fp4_moe_reference  # noqa: E402
+
+E, TOPK, H, I = 256, 6, 4096, 2048
+TOKENS = [1, 8, 32, 128, 1024, 8192]
+LIMIT, RSF = 10.0, 1.5
+
+
+# ----------------------------------------------------------------------------- timing
+def timeit(fn, iters=10, warmup=2):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def timeit_graph(fn, reps=10, iters=10):
+    fn()
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g):
+                for _ in range(reps):
+                    fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g.replay()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        print("graph capture failed, eager timing:", str(e)[:160])
+        return timeit(fn), False
+    ts = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / reps)
+    ts.sort()
+    del g
+    return ts[len(ts) // 2], True
+
+
+def copy_bw():
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    us = timeit(lambda: y.copy_(x), iters=10)
+    del x, y
+    return 2 * (1 << 30) / (us * 1e-6)
+
+
+def bf16_flops():
+    a = torch.randn(8192, 8192, device="cuda").bfloat16()
+    b = torch.randn(8192, 8192, device="cuda").bfloat16()
+    us = timeit(lambda: torch.mm(a, b), iters=10)
+    return 2 * 8192 ** 3 / (us * 1e-6)
+
+
+# ----------------------------------------------------------------------------- baselines
+_TABLE = {}
+
+
+def dequant_bf16(packed, scale):
+    """[..., N, K/2] uint8 + [..., N, K/32] uint8 -> [..., N, K] bf16 (torch ops)."""
+    dev = packed.device
+    if dev not in _TABLE:
+        _TABLE[dev] = torch.tensor(E2M1_VALUES, dtype=torch.bfloat16, device=dev)
+    t = _TABLE[dev]
+    b = packed.view(torch.uint8)
+    v = torch.stack([t[(b & 15).int()], t[(b >> 4).int()]], dim=-1).flatten(-2)
+    s = torch.exp2(scale.float() - 127).to(torch.bfloat16)
+    return (v.unflatten(-1, (-1, 32)) * s[..., None]).flatten(-2)
+
+
+def _act(gu, lim):
+    g, u = gu.chunk(2, dim=-1)
+    g = g.clamp(max=lim)
+    u = u.clamp(-lim, lim)
+    return torch.nn.functional.silu(g) * u
+
+
+def python_loop(x, w13, s13, w2, s2, tw, ids, lim, rsf):
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        if e < 0:
+            continue
+        t, k = torch.nonzero(ids == e, as_tuple=True)
+        W13 = dequant_bf16(w13[e], s13[e])
+        W2 = dequant_bf16(w2[e], s2[e])
+        h = _act(x[t] @ W13.T, lim)
+        y = h @ W2.T
+        out.index_add_(0, t, y.float() * tw[t, k, None])
+    return (out * rsf).bfloat16()
+
+
+def torch_dequant_gemm(x, w13, s13, w2, s2, tw, ids, lim, rsf, chunk=32):
+    M = x.shape[0]
+    flat = ids.view(-1)
+    uniq, inv = torch.unique(flat, return_inverse=True)  # experts hit (host sync for the size)
+    U = uniq.numel()
+    counts = torch.bincount(inv, minlength=U)
+    maxc = int(counts.max())
+    order = torch.argsort(inv, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(flat.numel(), device=x.device) - starts[inv[order]]
+    xp = torch.zeros(U, maxc, x.shape[1], dtype=torch.bfloat16, device=x.device)
+    xp[inv[order], pos] = x[order // TOPK]
+    yp = torch.empty(U, maxc, w2.shape[1], dtype=torch.bfloat16, device=x.device)
+    for c0 in range(0, U, chunk):  # chunks of experts only to bound the bf16 weight copy
+        sel = uniq[c0:c0 + chunk]
+        W13 = dequant_bf16(w13[sel], s13[sel])
+        h = _act(torch.bmm(xp[c0:c0 + chunk], W13.transpose(1, 2)), lim)
+        del W13
+        W2 = dequant_bf16(w2[sel], s2[sel])
+        yp[c0:c0 + chunk] = torch.bmm(h, W2.transpose(1, 2))
+        del W2, h
+    y = torch.empty(flat.numel(), w2.shape[1], dtype=torch.float32, device=x.device)
+    y[order] = yp[inv[order], pos].float()
+    y = y.view(M, TOPK, -1) * tw[..., None]
+    return (y.sum(1) * rsf).bfloat16()
+
+
+# ----------------------------------------------------------------------------- setup
+def make_weights(seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w13 = torch.randint(0, 256, (E, 2 * I, H // 2), device="cuda", generator=g, dtype=torch.uint8)
+    w2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", generator=g, dtype=torch.uint8)
+    s13 = torch.randint(118, 125, (E, 2 * I, H // 32), device="cuda", generator=g, dtype=torch.uint8)
+    s2 = torch.randint(118, 125, (E, H, I // 32), device="cuda", generator=g, dtype=torch.uint8)
+    return w13, s13, w2, s2
+
+
+def make_routing(M, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ids = torch.rand(M, E, device="cuda", generator=g).topk(TOPK, dim=1).indices.int()
+    tw = torch.rand(M, TOPK, device="cuda", generator=g) * 0.9 + 0.1
+    x = torch.randn(M, H, device="cuda", generator=g).bfloat16()
+    return x, tw, ids
+
+
+def weight_bytes(n_experts, scale_bytes=1):
+    per = 2 * I * H // 2 + H * I // 2 + (2 * I * H // 32 + H * I // 32) * scale_bytes
+    return n_experts * per
+
+
+DECODE_SWEEP = [
+    {"gemm1": dict(BN=32, BK=256, num_warps=4, num_stages=3), "gemm2": dict(BN=32, BK=256, num_warps=4, num_stages=3)},
+    {"gemm1": dict(BN=16, BK=256, num_warps=4, num_stages=4), "gemm2": dict(BN=16, BK=256, num_warps=4, num_stages=4)},
+    {"gemm1": dict(BN=64, BK=256, num_warps=4, num_stages=3), "gemm2": dict(BN=64, BK=256, num_warps=4, num_stages=3)},
+    {"gemm1": dict(BN=32, BK=512, num_warps=4, num_stages=2), "gemm2": dict(BN=32, BK=512, num_warps=4, num_stages=2)},
+    {"gemm1": dict(BN=32, BK=128, num_warps=4, num_stages=5), "gemm2": dict(BN=32, BK=128, num_warps=4, num_stages=5)},
+    {"gemm1": dict(BN=64, BK=128, num_warps=8, num_stages=4), "gemm2": dict(BN=64, BK=128, num_warps=8, num_stages=4)},
+    {"gemm1": dict(BN=32, BK=256, num_warps=2, num_stages=3), "gemm2": dict(BN=32, BK=256, num_warps=2, num_stages=3)},
+]
+PREFILL_SWEEP = [
+    {"gemm1": dict(BM=64, BN=64, BK=128, num_warps=8, num_stages=3), "gemm2": dict(BN=128, BK=128, num_warps=8, num_stages=3)},
+    {"gemm1": dict(BM=128, BN=64, BK=64, num_warps=8, num_stages=3), "gemm2": dict(BN=64, BK=64, num_warps=8, num_stages=3)},
+    {"gemm1": dict(BM=64, BN=128, BK=64, num_warps=8, num_stages=4), "gemm2": dict(BN=128, BK=64, num_warps=8, num_stages=4)},
+    {"gemm1": dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=3), "gemm2": dict(BN=128, BK=64, num_warps=8, num_stages=3)},
+    {"gemm1": dict(BM=64, BN=64, BK=64, num_warps=4, num_stages=4), "gemm2": dict(BN=64, BK=64, num_warps=4, num_stages=4)},
+    {"gemm1": dict(BM=128, BN=64, BK=128, num_warps=8, num_stages=2), "gemm2": dict(BN=128, BK=128, num_warps=8, num_stages=2)},
+]
+
+
+def run_ours(x, w, tw, ids, impl, out, config=None):
+    return op.fp4_moe(x, *w, tw, ids, swiglu_limit=LIMIT, routed_scaling_factor=RSF, impl=impl,
+                      out=out, config=config)
+
+
+def check_small(w, impls):
+    """Spot check at 8 tokens vs the float64 reference (relative to the output scale)."""
+    x, tw, ids = make_routing(8, seed=7)
+    ref = fp4_moe_reference(x, *w, tw, ids, swiglu_limit=LIMIT, routed_scaling_factor=RSF)
+    res = {}
+    for impl in impls:
+        o = run_ours(x, w, tw, ids, impl, None)
+        res[impl] = float((o.double() - ref).abs().max() / ref.abs().max())
+    o = python_loop(x, *w, tw, ids, LIMIT, RSF)
+    res["python_loop"] = float((o.double() - ref).abs().max() / ref.abs().max())
+    o = torch_dequant_gemm(x, *w, tw, ids, LIMIT, RSF)
+    res["torch_dequant_gemm"] = float((o.double() - ref).abs().max() / ref.abs().max())
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-budget", type=float, default=120.0)
+    ap.add_argument("--impls", default="dequant,dot_scaled,mxfp8")
+    ap.add_argument("--no-baselines", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    impls = args.impls.split(",")
+    t_start = time.time()
+    dev = torch.cuda.get_device_name()
+    bw = copy_bw()
+    fl = bf16_flops()
+    print(f"device {dev}; copy bandwidth {bw / 1e12:.2f} TB/s (read+write); bf16 mm {fl / 1e12:.0f} TFLOP/s")
+    w = make_weights()
+    result = {"device": dev, "copy_bw_Bps": bw, "bf16_flops": fl, "E": E, "topk": TOPK, "hidden": H,
+              "I": I, "rows": [], "sweep": [], "check": {}}
+    try:
+        result["check"] = check_small(w, impls)
+        print("spot check max|err|/max|ref| at 8 tokens:", {k: f"{v:.2e}" for k, v in result["check"].items()})
+    except Exception as e:  # noqa: BLE001
+        print("spot check failed:", repr(e)[:300])
+        result["check"] = {"error": repr(e)[:300]}
+
+    tokens = [1, 32, 8192] if args.quick else TOKENS
+    for M in tokens:
+        x, tw, ids = make_routing(M, seed=M)
+        U = int(torch.unique(ids).numel())
+        S = M * TOPK
+        floor_us = weight_bytes(U) / bw * 1e6
+        flop_us = 6 * S * H * I / fl * 1e6
+        row = {"tokens": M, "experts_hit": U, "weight_floor_us": floor_us, "flop_floor_us": flop_us}
+        out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
+        for impl in impls:
+            try:
+                us, graphed = timeit_graph(lambda: run_ours(x, w, tw, ids, impl, out),
+                                           reps=10 if M <= 1024 else 2, iters=10 if M <= 1024 else 5)
+                row[f"{impl}_us"] = us
+                row[f"{impl}_graph"] = graphed
+                row[f"{impl}_eager_us"] = timeit(lambda: run_ours(x, w, tw, ids, impl, out), iters=5)
+                row[f"{impl}_config"] = op.LAST_KERNELS["config"][:2]
+                row[f"{impl}_smem"] = [op.LAST_KERNELS["gemm1"].metadata.shared,
+                                       op.LAST_KERNELS["gemm2"].metadata.shared]
+            except Exception as e:  # noqa: BLE001
+                row[f"{impl}_error"] = repr(e)[:300]
+                print(f"M={M} {impl} failed: {repr(e)[:300]}")
+        if not args.no_baselines:
+            for name, fn in (("torch_dequant_gemm", torch_dequant_gemm), ("python_loop", python_loop)):
+                try:
+                    row[f"{name}_us"] = timeit(lambda: fn(x, *w, tw, ids, LIMIT, RSF),
+                                               iters=3 if M >= 1024 else 5, warmup=1)
+                except Exception as e:  # noqa: BLE001
+                    row[f"{name}_error"] = repr(e)[:300]
+                    print(f"M={M} {name} failed: {repr(e)[:300]}")
+                torch.cuda.empty_cache()
+        ours = [row[f"{i}_us"] for i in impls if f"{i}_us" in row]
+        if ours:
+            best = min(ours)
+            row["best_us"] = best
+            row["best_impl"] = [i for i in impls if row.get(f"{i}_us") == best][0]
+            row["pct_weight_floor"] = 100 * floor_us / best
+            row["pct_flop_floor"] = 100 * flop_us / best
+            for name in ("torch_dequant_gemm", "python_loop"):
+                if f"{name}_us" in row:
+                    row[f"speedup_vs_{name}"] = row[f"{name}_us"] / best
+        result["rows"].append(row)
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
+                          if not k.endswith("_config")}))
+        json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)
+
+    if args.sweep:
+        sweep_t0 = time.time()
+        plan = []
+        for M, cfgs in ((1, DECODE_SWEEP), (32, DECODE_SWEEP), (8192, PREFILL_SWEEP), (1024, PREFILL_SWEEP[:3])):
+            for impl in [i for i in impls if i != "mxfp8"]:
+                for c in cfgs:
+                    plan.append((M, impl, c))
+        for M, impl, c in plan:
+            if time.time() - sweep_t0 > args.sweep_budget:
+                print("sweep budget used up; stopping")
+                break
+            x, tw, ids = make_routing(M, seed=M)
+            out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
+            rec = {"tokens": M, "impl": impl, "config": c}
+            try:
+                us, _ = timeit_graph(lambda: run_ours(x, w, tw, ids, impl, out, c),
+                                     reps=10 if M <= 1024 else 2, iters=5)
+                rec["us"] = us
+                rec["smem"] = [op.LAST_KERNELS["gemm1"].metadata.shared, op.LAST_KERNELS["gemm2"].metadata.shared]
+                rec["n_regs"] = [getattr(op.LAST_KERNELS["gemm1"], "n_regs", None),
+                                 getattr(op.LAST_KERNELS["gemm2"], "n_regs", None)]
+                rec["n_spills"] = [getattr(op.LAST_KERNELS["gemm1"], "n_spills", None),
+                                   getattr(op.LAST_KERNELS["gemm2"], "n_spills", None)]
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = repr(e)[:300]
+            result["sweep"].append(rec)
+            print("sweep", json.dumps(rec))
+            json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)
+
+    # table
+    lines = ["| tokens | experts hit | " + " | ".join(f"{i} µs" for i in impls)
+             + " | torch dequant+GEMM µs | python loop µs | best vs torch | best vs loop"
+             + " | % weight floor | % FLOP floor |",
+             "|" + "---|" * (len(impls) + 8)]
+    for r in result["rows"]:
+        def f(k, fmt="{:.1f}"):
+            return fmt.format(r[k]) if k in r else "-"
+        lines.append(f"| {r['tokens']} | {r['experts_hit']} | "
+                     + " | ".join(f(f"{i}_us") for i in impls)
+                     + f" | {f('torch_dequant_gemm_us')} | {f('python_loop_us')}"
+                     + f" | {f('speedup_vs_torch_dequant_gemm', '{:.1f}x')} | {f('speedup_vs_python_loop', '{:.1f}x')}"
+                     + f" | {f('pct_weight_floor', '{:.0f}%')} | {f('pct_flop_floor', '{:.1f}%')} |")
+    table = "\n".join(lines)
+    print(table)
+    open(os.path.join(args.out, "table.md"), "w").write(
+        f"{dev}; copy {bw / 1e12:.2f} TB/s; bf16 {fl / 1e12:.0f} TFLOP/s\n\n{table}\n")
+    result["wall_s"] = time.time() - t_start
+    json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        toks = [r["tokens"] for r in result["rows"]]
+        for k in [f"{i}_us" for i in impls] + ["torch_dequant_gemm_us", "python_loop_us"]:
+            ys = [r.get(k) for r in result["rows"]]
+            if any(y is not None for y in ys):
+                ax.plot([t for t, y in zip(toks, ys) if y], [y for y in ys if y], marker="o", label=k[:-3])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("µs")
+        ax.legend()
+        ax.set_title(f"fp4_moe E={E} topk={TOPK} H={H} I={I} ({dev})")
+        fig.savefig(os.path.join(args.out, "bench_fp4_moe.png"), dpi=100, bbox_inches="tight")
+    except Exception as e:  # noqa: BLE001
+        print("no plot:", repr(e)[:100])
+
+
+if __name__ == "__main__":
+    main()
