@@ -48,6 +48,11 @@ def test_selftest_hc_prenorm_check_on_cpu_interpreter():
     assert "rel err" in selftest.check_hc_prenorm(device="cpu", K=512)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU variant runs in the doctor")
+def test_selftest_fp4_moe_check_on_cpu_interpreter():
+    assert "rel err" in selftest.check_fp4_moe(device="cpu", hidden=64, inter=64, experts=8)
+
+
 @pytest.mark.gpu
 def test_selftest_all_pass_on_gpu():
     results = selftest.run_all()

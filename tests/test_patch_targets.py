@@ -52,7 +52,7 @@ def test_callers_pass_only_keywords_the_row_lists(version):
     checked = 0
     for t in _rows_for(version):
         for caller in t.callers:
-            calls = _call_keywords(_source(version, caller), t.attr)
+            calls = _call_keywords(_source(version, caller), t.attr.split(".")[-1])
             assert calls, f"SGLang {version}: {caller} no longer calls {t.attr}"
             for kws in calls:
                 assert kws <= set(t.params), f"SGLang {version} {caller} passes {sorted(kws - set(t.params))} to {t.attr}"
@@ -66,6 +66,10 @@ def test_owning_modules_exist_in_wheel(version):
         if t.kind == "env" or not t.module.startswith("sglang"):
             continue
         src = open(_source(version, t.module)).read()
+        if "." in t.attr:  # a method: its class and a def of that name
+            cls, name = t.attr.rsplit(".", 1)
+            assert f"class {cls}" in src and f"def {name}(" in src, f"SGLang {version}: {t.module} has no {t.attr}"
+            continue
         assert f"def {t.attr}" in src or f"{t.attr} =" in src or f"import {t.attr}" in src or t.attr in src, \
             f"SGLang {version}: {t.module} has no {t.attr}"
 
@@ -257,3 +261,64 @@ def test_deep_gemm_prenorm_is_replaced_when_deep_gemm_is_imported(tmp_path):
     r = run_child("import deep_gemm\nprint('WRAPPED=%s' % hasattr(deep_gemm.tf32_hc_prenorm_gemm, '__dsv4_original__'))",
                   path=[sglang_dir("0.5.23"), str(tmp_path)], env=FORCE)
     assert "WRAPPED=True" in r.stdout, r.stdout + r.stderr
+
+
+# SGLang's FusedMoE calls quant_method.apply(layer=..., dispatch_output=...); this drives the real
+# Fp8MoEMethod.apply of each wheel (patched by the hook) with a DeepSeek-V4-shaped MXFP4 layer as
+# SGLang's loader leaves it (int8 packed e2m1, fp32 power-of-two scales), at tiny sizes so the
+# Triton kernels run in interpreter mode on a CPU. Only the combine-input container is stood in.
+FP4_MOE_APPLY = """
+import collections, importlib, types, torch
+import sglang.srt.layers.quantization.fp8 as fp8
+from deepseek_v4_kernel.reference.fp4_moe import fp4_moe_reference, quantize_mxfp4
+importlib.import_module("sglang.srt.layers.moe.token_dispatcher").StandardCombineInput = \\
+    collections.namedtuple("StandardCombineInput", "hidden_states")
+
+class Backend:
+    def __init__(self, name): self.name = name
+    def is_triton(self): return self.name == "triton"
+
+torch.manual_seed(0)
+E, H, I, M, K = 4, 64, 32, 5, 2
+w13, s13 = quantize_mxfp4(torch.randn(E, 2 * I, H), scale_dtype=torch.float32)
+w2, s2 = quantize_mxfp4(torch.randn(E, H, I), scale_dtype=torch.float32)
+layer = types.SimpleNamespace(w13_weight=w13.view(torch.int8), w13_weight_scale_inv=s13,
+                              w2_weight=w2.view(torch.int8), w2_weight_scale_inv=s2)
+x = torch.randn(M, H).bfloat16()
+ids = torch.randint(0, E, (M, K), dtype=torch.int32)
+ids[1, 0] = -1  # a slot of an expert on another EP rank
+tw = torch.rand(M, K)
+d = types.SimpleNamespace(hidden_states=x, hidden_states_scale=None,
+                          topk_output=types.SimpleNamespace(topk_weights=tw, topk_ids=ids, router_logits=None))
+cfg = types.SimpleNamespace(activation="silu", is_gated=True, apply_router_weight_on_input=False, no_combine=False,
+                            gemm1_alpha=None, gemm1_clamp_limit=None, swiglu_limit=1.0, routed_scaling_factor=1.5)
+me = types.SimpleNamespace(is_fp4_expert=True, runner=types.SimpleNamespace(runner_backend=Backend("triton")),
+                           moe_runner_config=cfg)
+out = fp8.Fp8MoEMethod.apply(me, layer, d).hidden_states
+ref = fp4_moe_reference(x, w13, s13, w2, s2, tw, ids, swiglu_limit=1.0, routed_scaling_factor=1.5)
+print("ERR=%g" % ((out.double() - ref).abs().max() / ref.abs().max()).item())
+me.runner.runner_backend = Backend("deep_gemm")  # not ours: SGLang's own method runs
+try:
+    fp8.Fp8MoEMethod.apply(me, layer, d)
+except Exception as e:
+    print("RAISED=" + type(e).__name__)
+"""
+
+
+@pytest.mark.parametrize("version", targets.TESTED)
+def test_fp4_moe_apply_runs_ours_as_sglang_calls_it(version):
+    from sglang_env import real_module_prelude
+
+    code = real_module_prelude("sglang.srt.layers.quantization.fp8") + FP4_MOE_APPLY + REPORT_JSON
+    lenient = run_child(code, path=[sglang_dir(version)], env={**FORCE, "TRITON_INTERPRET": "1"})
+    assert lenient.returncode == 0, lenient.stderr
+    rows = {x["target"]: x for x in parse_report(lenient.stdout)}
+    row = rows["sglang.srt.layers.quantization.fp8.Fp8MoEMethod.apply"]
+    assert row["status"] == "patched" and row["handbacks"] == 1, row
+    err = float(next(l for l in lenient.stdout.splitlines() if l.startswith("ERR="))[4:])
+    # bf16 output and bf16 h between the GEMMs: a few bf16 ulps of the largest element
+    assert err < 2e-2, err
+    assert "handing this call back" in lenient.stderr and "not triton" in lenient.stderr
+    strict = run_child(code, path=[sglang_dir(version)],
+                       env={**FORCE, "TRITON_INTERPRET": "1", "DSV4_KERNEL_STRICT": "1"})
+    assert "RAISED=UnsupportedCase" in strict.stdout, strict.stdout + strict.stderr

@@ -167,6 +167,19 @@ TARGETS: Tuple[Target, ...] = (
         replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
         first="0.5.16", params=_INDEXER_PARAMS,
     ),
+    # --- fp4_moe (docs/fp4_moe.md, docs/sglang_surface.md) --------------------------------------
+    # DeepSeek-V4's MXFP4 experts load into Fp8MoEMethod (int8 packed e2m1, fp32 UE8M0 scales).
+    # On the Triton MoE runner SGLang feeds them to its fp8 kernel, which stops with "Hidden size
+    # mismatch": on SM120 that is the default of 0.5.12-0.5.15.post1 (auto -> triton without
+    # DeepEP); from 0.5.16 SGLang picks FlashInfer's native SM120 MXFP4 kernel (flashinfer_mxfp4)
+    # and reaches this path only with --moe-runner-backend triton. Ours hands back every other case.
+    Target(
+        op="fp4_moe", module="sglang.srt.layers.quantization.fp8", attr="Fp8MoEMethod.apply",
+        replacement="deepseek_v4_kernel.ops.fp4_moe:fp8_moe_method_apply",
+        first="0.5.12", params=("self", "layer", "dispatch_output"),
+        callers=("sglang.srt.layers.moe.fused_moe_triton.layer",),
+        note="FusedMoE calls self.quant_method.apply(layer=self, dispatch_output=...) per forward",
+    ),
     # --- hc_prenorm (docs/hc_prenorm.md) ------------------------------------------------------
     # Whoever imports DeepGEMM gets our pre-norm GEMM (DeepGEMM's is SM90/SM100 only; 0.5.12
     # calls it directly from srt/layers/mhc.py and models/deepseek_v4.py).
