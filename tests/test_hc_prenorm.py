@@ -111,16 +111,26 @@ def test_odd_n_strided_out_and_2d_out_with_one_split(device):
     _check(x, fn, out2, sq2, None)
 
 
+_MMA = {"fma": False, "num_stages": 3}
+_FMA = {"fma": True, "num_stages": 1}
+
+
 @pytest.mark.parametrize("m, S, cfg", [
-    (20, 2, {"p": 3, "block_m": 16}),              # 2 m tiles, rows chunk 16
-    (20, 2, {"p": 5, "block_m": 16, "pb": 2}),     # partials reduced 2 at a time, ragged
-    (7, 1, {"p": 9, "block_m": 16}),               # rows chunk 8 > m
-    (1, 1, {"p": 10, "block_m": 16}),              # one row, P not a power of two
-    (40, 1, {"p": 4, "block_m": 32, "pb": 4}),
+    (20, 2, {**_MMA, "p": 3, "block_m": 16, "r": 1}),           # 2 m tiles, rows chunk 16
+    (20, 2, {**_MMA, "p": 5, "block_m": 16, "pb": 2, "r": 1}),  # 2 partials per load, ragged
+    (7, 1, {**_MMA, "p": 9, "block_m": 16, "r": 1}),            # rows chunk 8 > m
+    (1, 1, {**_MMA, "p": 10, "block_m": 16, "r": 1}),           # one row, P not a power of 2
+    (40, 1, {**_MMA, "p": 4, "block_m": 32, "pb": 4, "r": 1}),
+    (40, 1, {**_MMA, "p": 7, "block_m": 32, "r": 8}),           # 8 reducers x 4 rows (GPU)
+    (70, 2, {**_MMA, "p": 5, "block_m": 64, "r": 4, "pb": 2}),  # 2 tiles, last one short
+    (1, 1, {**_FMA, "p": 10, "block_m": 1, "r": 1}),            # FMA kernel, one row
+    (3, 3, {**_FMA, "p": 3, "block_m": 4, "r": 4}),             # FMA, r clamped to P = 3 -> 2
+    (13, 1, {**_FMA, "p": 6, "block_m": 8, "r": 8}),            # FMA, 2 tiles, 8 reducers
 ])
 def test_internal_subsplits_and_repeat(device, m, S, cfg):
-    # force the workspace + last-arrival reduction (P > 1) and call twice, so the
-    # counters must have been reset by the kernel itself
+    # force the workspace + reduction (P > 1) and call twice, so the counters must
+    # have been reset by the kernel itself. R > 1 (waiting reducers) runs on the GPU;
+    # the interpreter runs programs one at a time, so there R is 1.
     x, fn = _inputs(m, 640, device=device, seed=5)
     for _ in range(2):
         out, sq = _poisoned(m, 24, S, device)
@@ -223,20 +233,70 @@ def test_gpu_tf32_mode_and_large_m(monkeypatch, m):
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_replay_and_determinism():
-    m, K = 8, 16384
+@pytest.mark.parametrize("m, num_splits, cfg", [
+    (1, None, {**_FMA, "block_m": 1, "p": 256, "r": 1, "num_warps": 4}),
+    (4, None, {**_FMA, "block_m": 4, "p": 256, "r": 4, "num_warps": 4}),
+    (8, 2, {**_FMA, "block_m": 8, "p": 64, "r": 8, "num_warps": 8}),
+    (16, None, {**_MMA, "block_m": 16, "p": 256, "r": 8}),
+    (64, None, {**_MMA, "block_m": 64, "p": 128, "r": 32, "num_stages": 2}),
+    (64, None, {**_MMA, "block_m": 64, "block_k": 128, "p": 128, "r": 32, "num_warps": 8}),
+    (100, 3, {**_MMA, "block_m": 32, "p": 20, "r": 16}),
+    (512, None, {**_MMA, "block_m": 128, "p": 32, "r": 16, "num_warps": 8}),
+    (512, None, {**_MMA, "block_m": 64, "p": 64, "r": 16, "gel": 4096}),
+    (1000, None, {**_MMA, "block_m": 64, "p": 16, "r": 8}),
+    (8192, None, {**_MMA, "block_m": 128, "p": 2, "r": 1, "num_warps": 8}),
+])
+def test_gpu_variants_full_k(m, num_splits, cfg):
+    """The kernel variants the tile table and the bench sweep use, at DSV4's K, called
+    twice (counters reset by the kernel, also the R > 1 ``done`` counters)."""
+    x, fn = _inputs(m, 16384, device="cuda", seed=m + 3)
+    S = num_splits or 1
+    for _ in range(2):
+        out, sq = _poisoned(m, 24, S, "cuda", flat=num_splits is None)
+        hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, _config=cfg)
+        torch.cuda.synchronize()
+        _check(x, fn, out, sq, num_splits)
+    assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 64, 512, 4096])
+def test_gpu_legacy_config(m):
+    """The run-2 heuristic stays selectable (``legacy_config`` as ``_config``)."""
+    x, fn = _inputs(m, 16384, device="cuda", seed=m + 9)
+    out, sq = _poisoned(m, 24, 1, "cuda", flat=True)
+    cfg = hp.legacy_config(m, 16384, 1, torch.cuda.get_device_properties(0).multi_processor_count)
+    hp.hc_prenorm_gemm(x, fn, out, sq, None, _config=cfg)
+    torch.cuda.synchronize()
+    _check(x, fn, out, sq, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, cfg", [
+    (8, None),                                                          # the tile table
+    (1, {**_FMA, "block_m": 1, "p": 256, "r": 1, "num_warps": 4}),
+    (8, {**_FMA, "block_m": 8, "p": 128, "r": 8, "num_warps": 8}),     # waiting reducers
+    (64, {**_MMA, "block_m": 64, "p": 128, "r": 32, "num_stages": 2}),
+    (64, hp.legacy_config(64, 16384, 1, 132)),
+])
+def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
+    K = 16384
     x, fn = _inputs(m, K, device="cuda", seed=11)
     out = torch.empty(m, 24, device="cuda")
     sq = torch.empty(m, device="cuda")
-    hp.tf32_hc_prenorm_gemm(x, fn, out, sq)  # eager first: allocates the counters
+
+    def call():
+        hp.hc_prenorm_gemm(x, fn, out, sq, None, _config=cfg)
+
+    call()  # eager first: allocates the counters
     first = out.clone(), sq.clone()
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        hp.tf32_hc_prenorm_gemm(x, fn, out, sq)  # warm-up on the capture stream
+        call()  # warm-up on the capture stream
         with torch.cuda.graph(g, stream=s):
-            hp.tf32_hc_prenorm_gemm(x, fn, out, sq)
+            call()
     torch.cuda.current_stream().wait_stream(s)
     for _ in range(3):
         out.fill_(float("nan"))
@@ -259,7 +319,8 @@ def test_gpu_shared_memory_within_sm120_limit(m, num_splits):
 
 
 # ------------------------------------------------------------------- sm_120 AOT (CPU)
-_AOT_CASES = [(1, None, True), (64, None, True), (8192, None, True), (8192, 4, True),
+_AOT_CASES = [(1, None, True), (4, None, True), (8, None, True), (16, None, True),
+              (64, None, True), (512, None, True), (8192, None, True), (8192, 4, True),
               (512, None, False)]
 
 _AOT_SCRIPT = r"""
@@ -277,11 +338,11 @@ for m, S, bf16x2 in json.loads(sys.argv[1]):
     sig = {"x_ptr": "*bf16", "fn_ptr": "*fp32", "out_ptr": "*fp32", "sq_ptr": "*fp32",
            "ws_ptr": "*fp32", "wss_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig.update({k: "i32" for k in ints})
-    rb = min(cfg["block_m"], triton.next_power_of_2(m))
-    pb = min(triton.next_power_of_2(cfg["p"]), max(1, 8192 // (rb * 32)))
+    rb = cfg["rb"]
+    pb = min(triton.next_power_of_2(cfg["p"]), max(1, cfg.get("gel", 8192) // (rb * 32)))
     const = dict(stride_xk=1, stride_fk=1, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"],
-                 NP=32, KB=64, USE_WS=cfg["p"] > 1, BF16X2=bf16x2, RB=rb, PB=pb,
-                 INTERP_IT=0, INTERP_PQ=0)
+                 NP=32, KB=64, USE_WS=cfg["p"] > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]),
+                 R=cfg["r"], RB=rb, PB=pb, INTERP_IT=0, INTERP_PQ=0)
     sig.update({k: "constexpr" for k in const})
     k = triton.compile(ASTSource(hp._hc_prenorm_kernel, sig, const),
                        target=GPUTarget("cuda", 120, 32),
@@ -323,4 +384,34 @@ def test_sm120_aot_compile_smem_and_no_sm90_only_instructions(sm120_aot, case):
     d = sm120_aot[tuple(case)]
     assert d["sm120a"]
     assert d["shared"] <= hp.SMEM_LIMIT, d
-    assert d["mma_sync"] and not d["wgmma"] and not d["tcgen05"], d
+    assert not d["wgmma"] and not d["tcgen05"], d
+    assert d["mma_sync"] or d["cfg"]["fma"], d  # the FMA kernel has no MMA at all
+
+
+@pytest.mark.parametrize("S", [1, 2, 16, 64])
+def test_tile_table_resolves_within_limits(S):
+    """Every m bucket of the tile table, at 132 (H100) and 188 (RTX PRO 6000) SMs:
+    P within the split's blocks, R a power of two <= P, waiting reducers <= one per SM,
+    counters within their buffer."""
+    for sms in (132, 188):
+        for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65, 100, 128, 256, 512, 513, 1024,
+                  2048, 4096, 8192, 16384, 65536):
+            c = hp.choose_config(m, 16384, S, sms)
+            groups = -(-m // c["block_m"]) * S
+            assert 1 <= c["p"] <= max(1, 256 // S), (m, S, c)
+            assert c["r"] & (c["r"] - 1) == 0 and c["r"] <= c["p"], (m, S, c)
+            assert c["r"] == 1 or c["r"] * groups <= sms, (m, S, c)
+            assert c["rb"] * c["r"] == min(c["block_m"], 1 << (m - 1).bit_length()), (m, c)
+            assert c["p"] == 1 or 2 * groups <= hp._COUNTER_CAP
+            assert c["fma"] or c["block_m"] >= 16
+
+
+def test_workspace_is_reused_and_outgrown_buffers_stay_alive():
+    dev = torch.device("cpu")
+    hp._WORKSPACES.pop(("cpu", 0), None)
+    a = hp._workspace(dev, 1000)
+    b = hp._workspace(dev, 2000)
+    assert a.data_ptr() == b.data_ptr()  # one buffer of >= 65536 floats
+    c = hp._workspace(dev, 1 << 20)
+    assert c.numel() == 1 << 20 and len(hp._WORKSPACES[("cpu", 0)]) == 2
+    assert hp._WORKSPACES[("cpu", 0)][0].data_ptr() == a.data_ptr()  # kept alive

@@ -12,10 +12,18 @@ place, returns None; m == 0 returns at once (after the argument checks).
 Kernel: grid (m tiles, S * P). Each program streams its K range once (x read once,
 fn from L2), accumulates x @ fn^T on tensor cores and sum(x^2) on the side. When
 the caller's grid is too small to fill the GPU (decode), every split is cut into P
-sub-slices; the P programs of one (m tile, split) leave fp32 partials in a
-workspace and the last to arrive (an acq_rel counter, reset by that program, so
-CUDA-graph replays need no memset) sums them in a fixed order -- still one launch,
-deterministic.
+sub-slices whose programs leave fp32 partials in a persistent workspace; the partials
+of one (m tile, split) group are summed in a fixed order (deterministic) by
+* R == 1: the last program to arrive (an acq_rel counter), or
+* R > 1: the R programs of the group with the highest ids, RB = rows / R rows each;
+  they wait (acquire loads) for the counter to reach P -- every program they wait for
+  has a lower id, so was dispatched before them -- and the last of them resets it.
+Counters are reset by the kernel itself, so CUDA-graph replays need no memset; still
+one launch. Tile tables per m bucket come from H100 sweeps (wgmma as Triton builds for
+sm_90, and mma.sync -- SM120's instruction class -- with DISABLE_MMA_V3=1);
+``legacy_config`` keeps the previous heuristic selectable through ``_config``. A
+CUDA-core (FMA) variant for a few rows is selectable too (``_config={"fma": True}``);
+it lost to the MMA kernel at every m in the sweeps, so no table uses it.
 
 Precision (DSV4_HC_PRENORM_PRECISION): ``bf16x2`` (default) splits each fn tile into
 bf16 hi + lo and runs two bf16 MMAs: fn keeps 16 mantissa bits, x (bf16) is exact,
@@ -44,26 +52,33 @@ SMEM_LIMIT = 101376
 # --------------------------------------------------------------------------- kernel
 @triton.jit
 def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stride_fk,
-          BF16X2: tl.constexpr, INTERP: tl.constexpr):
+          BF16X2: tl.constexpr, FMA: tl.constexpr, INTERP: tl.constexpr):
     ks = k0 + kk
     k_ok = ks < k_hi
     xt = tl.load(x_base + ks[None, :] * stride_xk,
                  mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-    ft = tl.load(f_base + ks[:, None] * stride_fk,
-                 mask=k_ok[:, None] & col_ok[None, :], other=0.0)
     xf = xt.to(tl.float32)
     sq += tl.sum(xf * xf, axis=1)
-    if BF16X2:
-        hi = ft.to(tl.bfloat16)
-        lo = (ft - hi.to(tl.float32)).to(tl.bfloat16)
-        if INTERP:  # the interpreter's bf16 dot is broken; same products in fp32
-            acc = tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
-            acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xt, hi, acc)
-            acc = tl.dot(xt, lo, acc)
+    if FMA:
+        # CUDA-core path for a few rows: fn tile [NP, BLOCK_K] (K contiguous, as x),
+        # exact fp32 products, no shared memory, no MMA padding of the rows.
+        ft = tl.load(f_base + ks[None, :] * stride_fk,
+                     mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(xf[:, None, :] * ft[None, :, :], axis=2)
     else:
-        acc = tl.dot(xf, ft, acc, input_precision="tf32")
+        ft = tl.load(f_base + ks[:, None] * stride_fk,
+                     mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if BF16X2:
+            hi = ft.to(tl.bfloat16)
+            lo = (ft - hi.to(tl.float32)).to(tl.bfloat16)
+            if INTERP:  # the interpreter's bf16 dot is broken; same products in fp32
+                acc = tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
+                acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, hi, acc)
+                acc = tl.dot(xt, lo, acc)
+        else:
+            acc = tl.dot(xf, ft, acc, input_precision="tf32")
     return acc, sq
 
 
@@ -90,11 +105,12 @@ def _hc_prenorm_kernel(
     stride_xm, stride_xk, stride_fn, stride_fk,
     stride_os, stride_om, stride_on, stride_ss, stride_sm,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NP: tl.constexpr,
-    KB: tl.constexpr, USE_WS: tl.constexpr, BF16X2: tl.constexpr,
-    RB: tl.constexpr, PB: tl.constexpr,
+    KB: tl.constexpr, USE_WS: tl.constexpr, BF16X2: tl.constexpr, FMA: tl.constexpr,
+    R: tl.constexpr, RB: tl.constexpr, PB: tl.constexpr,
     INTERP_IT: tl.constexpr, INTERP_PQ: tl.constexpr,
 ):
-    # The last arrival reduces RB rows x PB partials per load (RB <= BLOCK_M rows).
+    # With the workspace (P > 1) the last R arrivals of each (m tile, split) group reduce
+    # its P partials, RB = BLOCK_M // R rows each, PB partials x RB rows per load.
     # INTERP_IT / INTERP_PQ > 0 only under TRITON_INTERPRET=1: triton 3.6's interpreter
     # (numpy >= 2.3) cannot run range() with runtime bounds, so there the loops run a
     # host-computed constant trip count over the same masked body.
@@ -127,54 +143,75 @@ def _hc_prenorm_kernel(
     acc = tl.zeros((BLOCK_M, NP), dtype=tl.float32)
     sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     x_base = x_ptr + rows64[:, None] * stride_xm
-    f_base = fn_ptr + cols[None, :] * stride_fn
+    if FMA:
+        f_base = fn_ptr + cols[:, None] * stride_fn
+    else:
+        f_base = fn_ptr + cols[None, :] * stride_fn
     if INTERP_IT > 0:
         for it in range(0, INTERP_IT):
             acc, sq = _step(acc, sq, x_base, f_base, k_lo + it * BLOCK_K, k_hi, kk, row_ok,
-                            col_ok, stride_xk, stride_fk, BF16X2, True)
+                            col_ok, stride_xk, stride_fk, BF16X2, FMA, True)
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             acc, sq = _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok,
-                            stride_xk, stride_fk, BF16X2, False)
+                            stride_xk, stride_fk, BF16X2, FMA, False)
 
     o_mask = row_ok[:, None] & col_ok[None, :]
-    o_ptrs = out_ptr + s * stride_os + rows64[:, None] * stride_om + cols[None, :] * stride_on
-    s_ptrs = sq_ptr + s * stride_ss + rows64 * stride_sm
     if USE_WS:
         # partial of (split s, sub-slice p): ws [S*P, m, NP], wss [S*P, m]
         w_ptrs = ws_ptr + (pid_z.to(tl.int64) * m + rows64[:, None]) * NP + cols[None, :]
         tl.store(w_ptrs, acc, mask=o_mask)
         tl.store(wss_ptr + pid_z.to(tl.int64) * m + rows64, sq, mask=row_ok)
         tl.debug_barrier()
-        c_ptr = cnt_ptr + pid_m * S + s
+        # two int32 per group: arrivals, finished reducers
+        c_ptr = cnt_ptr + 2 * (pid_m * S + s)
         old = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
-        if old == P - 1:
-            # last arrival: reset the counter for the next launch / graph replay,
-            # then reduce the P partials in a fixed order (deterministic).
-            tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")
+        if R == 1:
+            is_red = old == P - 1  # the last arrival reduces (j = 0)
+        else:
+            # the R sub-slices with the highest program ids reduce, row chunk j each:
+            # they wait for the rest of the group, whose ids are all lower, so those
+            # were dispatched before them (the CUTLASS stream-K fix-up argument).
+            is_red = p >= P - R
+        if is_red:
+            j = 0
+            if R > 1:
+                j = p - (P - R)
+                cur = old + 1
+                while cur < P:
+                    cur = tl.atomic_add(c_ptr, 0, sem="acquire", scope="gpu")
             z0 = s * P
-            for r0 in tl.static_range(0, BLOCK_M, RB):
-                if pid_m * BLOCK_M + r0 < m:
-                    r = pid_m * BLOCK_M + r0 + tl.arange(0, RB)
-                    r_ok = r < m
-                    r64 = r.to(tl.int64)
-                    tot = tl.zeros((RB, NP), dtype=tl.float32)
-                    tsq = tl.zeros((RB,), dtype=tl.float32)
-                    if INTERP_PQ > 0:
-                        for qi in range(0, INTERP_PQ):
-                            tot, tsq = _gather(tot, tsq, ws_ptr, wss_ptr, z0, qi * PB, P, m, r64,
-                                               r_ok, cols, col_ok, NP, PB)
-                    else:
-                        for q0 in range(0, P, PB):
-                            tot, tsq = _gather(tot, tsq, ws_ptr, wss_ptr, z0, q0, P, m, r64,
-                                               r_ok, cols, col_ok, NP, PB)
-                    tl.store(out_ptr + s * stride_os + r64[:, None] * stride_om
-                             + cols[None, :] * stride_on, tot,
-                             mask=r_ok[:, None] & col_ok[None, :])
-                    tl.store(sq_ptr + s * stride_ss + r64 * stride_sm, tsq, mask=r_ok)
+            r0 = pid_m * BLOCK_M + j * RB
+            if r0 < m:
+                r = r0 + tl.arange(0, RB)
+                r_ok = r < m
+                r64 = r.to(tl.int64)
+                tot = tl.zeros((RB, NP), dtype=tl.float32)
+                tsq = tl.zeros((RB,), dtype=tl.float32)
+                if INTERP_PQ > 0:
+                    for qi in range(0, INTERP_PQ):
+                        tot, tsq = _gather(tot, tsq, ws_ptr, wss_ptr, z0, qi * PB, P, m, r64,
+                                           r_ok, cols, col_ok, NP, PB)
+                else:
+                    for q0 in range(0, P, PB):  # fixed order: deterministic
+                        tot, tsq = _gather(tot, tsq, ws_ptr, wss_ptr, z0, q0, P, m, r64,
+                                           r_ok, cols, col_ok, NP, PB)
+                tl.store(out_ptr + s * stride_os + r64[:, None] * stride_om
+                         + cols[None, :] * stride_on, tot,
+                         mask=r_ok[:, None] & col_ok[None, :])
+                tl.store(sq_ptr + s * stride_ss + r64 * stride_sm, tsq, mask=r_ok)
+            # reset the counters for the next launch / graph replay (no memset needed)
+            if R > 1:
+                done = tl.atomic_add(c_ptr + 1, 1, sem="acq_rel", scope="gpu")
+                if done == R - 1:  # every reducer has stopped reading the arrivals
+                    tl.atomic_xchg(c_ptr + 1, 0, sem="relaxed", scope="gpu")
+                    tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")
+            else:
+                tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")
     else:
+        o_ptrs = out_ptr + s * stride_os + rows64[:, None] * stride_om + cols[None, :] * stride_on
         tl.store(o_ptrs, acc, mask=o_mask)
-        tl.store(s_ptrs, sq, mask=row_ok)
+        tl.store(sq_ptr + s * stride_ss + rows64 * stride_sm, sq, mask=row_ok)
 
 
 # --------------------------------------------------------------------------- host side
@@ -198,7 +235,14 @@ def _num_sms(dev_index: int) -> int:
 
 
 _COUNTERS: dict = {}
+_WORKSPACES: dict = {}
 last_compiled = None  # CompiledKernel of the latest launch (tests read its metadata)
+
+
+def _stream_key(device: torch.device):
+    if device.type != "cuda":
+        return ("cpu", 0)
+    return (device.index, torch.cuda.current_stream(device).cuda_stream)
 
 
 def _counters(device: torch.device):
@@ -206,10 +250,7 @@ def _counters(device: torch.device):
     counter it uses, so the set stays zero between launches and graph replays.
     Returns None while a graph is being captured and no set exists yet (it cannot
     be zeroed eagerly then); the caller then uses the workspace-free kernel."""
-    if device.type != "cuda":
-        key = ("cpu", 0)
-    else:
-        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    key = _stream_key(device)
     buf = _COUNTERS.get(key)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -219,31 +260,142 @@ def _counters(device: torch.device):
     return buf
 
 
-def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None = None) -> dict:
-    """Tile shape and sub-split count P for one call (host-side, shape-only).
+def _workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """fp32 scratch for the partials, persistent per (device, stream) and grown in
+    powers of two outside graph capture. Outgrown buffers are kept alive (graphs
+    captured earlier still point at them), so the memory held is < 2x the largest
+    request. While capturing with no buffer big enough, a per-call allocation from the
+    graph's pool is used instead (what a plain torch.empty would do)."""
+    key = _stream_key(device)
+    bufs = _WORKSPACES.setdefault(key, [])
+    if bufs and bufs[-1].numel() >= numel:
+        return bufs[-1][:numel]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    size = max(1 << 16, triton.next_power_of_2(numel))
+    bufs.append(torch.empty(size, dtype=torch.float32, device=device))
+    return bufs[-1][:numel]
 
-    Picked from the H100 sweeps (docs/hc_prenorm.md): fill ~2 programs per SM, but cap
-    P where the last arrival's reduction starts to dominate (decode rows) or where
-    more partials stop paying (large m). Caps measured: m=1 -> 128, m=8 -> 64,
-    m=64 -> 32 (block_m 16); m=512 -> 16, m=8192 -> 2 (block_m 64)."""
-    o = overrides or {}
-    bm = o.get("block_m", 16 if m <= 64 else 64)
+
+# Tile tables for S = 1 on a 132-SM H100, by m bucket: (m_max, config). ``p`` is the
+# number of K sub-slices per split (scaled by num_sms / 132 and divided by S, capped so
+# there are at most ``ppsm`` (default 16) programs per SM), ``r`` the most reducers per
+# (m tile, split) (fewer where each would read < 16 KiB of partials).
+# Each entry is the fastest config of an H100 sweep (every config checked against the
+# float64 reference first); docs/hc_prenorm.md and docs/hc_prenorm_runs/ have the numbers.
+# "wgmma": what Triton builds for sm_90 (run 3 sweep); "mma": mma.sync, the instruction
+# class SM120 has (sm_90 with DISABLE_MMA_V3=1, run 4 sweep), used for every other GPU.
+_MMA_CFG = dict(fma=False, block_k=64, num_warps=4)
+_TABLES = {
+    "wgmma": [
+        (1, dict(_MMA_CFG, block_m=16, p=128, r=1, num_stages=3)),
+        (4, dict(_MMA_CFG, block_m=16, p=256, r=4, num_stages=2)),
+        (8, dict(_MMA_CFG, block_m=16, p=256, r=8, num_stages=2)),
+        (16, dict(_MMA_CFG, block_m=16, p=128, r=8, num_stages=2)),
+        (32, dict(_MMA_CFG, block_m=32, p=128, r=16, num_stages=2)),
+        (64, dict(_MMA_CFG, block_m=64, p=128, r=32, num_stages=2)),
+        (128, dict(_MMA_CFG, block_m=64, p=64, r=16, num_stages=3)),
+        (512, dict(_MMA_CFG, block_m=64, p=32, r=16, num_stages=3)),
+        (1024, dict(_MMA_CFG, block_m=64, p=16, r=8, num_stages=3)),
+        (2048, dict(_MMA_CFG, block_m=128, p=16, r=16, num_warps=8, num_stages=3)),
+        (None, dict(_MMA_CFG, block_m=128, p=2, r=1, num_warps=8, num_stages=4)),
+    ],
+}
+_TABLES["mma"] = [
+    (1, dict(_MMA_CFG, block_m=16, p=128, r=1, num_stages=3)),
+    (4, dict(_MMA_CFG, block_m=16, p=256, r=4, num_stages=3)),
+    (8, dict(_MMA_CFG, block_m=16, p=128, r=8, num_stages=2)),
+    (16, dict(_MMA_CFG, block_m=16, p=128, r=8, num_stages=2)),
+    (32, dict(_MMA_CFG, block_m=32, p=128, r=16, num_stages=2)),
+    (64, dict(_MMA_CFG, block_m=64, p=128, r=32, num_stages=2)),
+    (128, dict(_MMA_CFG, block_m=64, p=64, r=16, num_stages=3)),
+    (512, dict(_MMA_CFG, block_m=64, p=32, r=16, num_stages=4)),
+    (1024, dict(_MMA_CFG, block_m=64, p=16, r=8, num_stages=3)),
+    (2048, dict(_MMA_CFG, block_m=64, p=16, r=1, num_stages=3)),
+    (None, dict(_MMA_CFG, block_m=128, p=2, r=1, num_warps=8, num_stages=3)),
+]
+_REF_SMS = 132
+_REDUCER_BYTES = 16384  # partials one reducer should read at least
+table_override = None  # bench only: a list like _TABLES[...], tried first
+
+
+def mma_kind(device=None) -> str:
+    """Which table applies: "wgmma" on sm_90 (Triton uses wgmma there unless
+    DISABLE_MMA_V3 is set), "mma" (mma.sync) elsewhere, SM120 included."""
+    if os.environ.get("DISABLE_MMA_V3", "0") not in ("", "0", "false", "False"):
+        return "mma"
+    if device is None or getattr(device, "type", "cpu") != "cuda":
+        return "mma"
+    return "wgmma" if _capability(device.index if device.index is not None
+                                  else torch.cuda.current_device())[0] == 9 else "mma"
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(dev_index: int):
+    return torch.cuda.get_device_capability(dev_index)
+
+
+def _table_entry(m: int, kind: str) -> dict:
+    table = table_override or _TABLES[kind]
+    for m_max, cfg in table:
+        if m_max is None or m <= m_max:
+            return dict(cfg)
+    return dict(table[-1][1])
+
+
+def legacy_config(m: int, K: int, S: int, num_sms: int) -> dict:
+    """The run-2 heuristic (MMA kernel, one reducer per group), as ``_config`` overrides:
+    BLOCK_M 16 for m <= 64 with P capped at 128 / 64 / 32 (m <= 4 / 16 / 64), else
+    BLOCK_M 64 with P capped at 16 (<= 16 m tiles) or 2; ~2 programs per SM."""
+    bm = 16 if m <= 64 else 64
     m_tiles = triton.cdiv(m, bm)
     groups = m_tiles * S
-    nb_min = triton.cdiv(K, _KBLOCK) // S  # blocks in the smallest split
-    target = 2 * num_sms
+    nb_min = triton.cdiv(K, _KBLOCK) // S
     p = 1
-    if groups < target and nb_min >= 2 and groups <= _COUNTER_CAP:
+    if groups < 2 * num_sms and nb_min >= 2 and 2 * groups <= _COUNTER_CAP:
         if bm <= 16:
             cap = 128 if m <= 4 else (64 if m <= 16 else 32)
         else:
             cap = 16 if m_tiles <= 16 else 2
-        p = min(triton.cdiv(target, groups), cap, nb_min)
-    p = max(1, min(o.get("p", p), max(nb_min, 1)))
-    bk = o.get("block_k", 64)
-    return dict(block_m=bm, block_k=bk, p=p, pb=o.get("pb"),
-                num_warps=o.get("num_warps", 4),
-                num_stages=o.get("num_stages", 3))
+        p = min(triton.cdiv(2 * num_sms, groups), cap, nb_min)
+    return dict(fma=False, block_m=bm, block_k=64, p=max(1, p), r=1, num_warps=4,
+                num_stages=3)
+
+
+def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None = None,
+                  kind: str = "mma") -> dict:
+    """Kernel variant, tile shape, sub-split count P and reducer count R for one call
+    (host-side, shape-only). ``kind`` picks the table (``mma_kind``). ``overrides``
+    (bench sweeps, tests) replaces table fields; an explicit ``p`` or ``r`` there is
+    used as is (clamped to the split's block count / P / the tile's rows)."""
+    o = overrides or {}
+    cfg = _table_entry(m, kind)
+    ppsm = cfg.pop("ppsm", 16)
+    cfg.update({k: v for k, v in o.items() if k in ("fma", "block_m", "block_k", "r", "pb", "gel",
+                                                    "num_warps", "num_stages")})
+    bm = cfg["block_m"]
+    m_tiles = triton.cdiv(m, bm)
+    groups = m_tiles * S
+    nb_min = triton.cdiv(K, _KBLOCK) // S  # blocks in the smallest split
+    if "p" in o:
+        p = o["p"]
+    else:
+        p_cap = max(1, cfg["p"] * num_sms // _REF_SMS)
+        p = min(triton.cdiv(p_cap, S), triton.cdiv(ppsm * num_sms, groups))
+    if 2 * groups > _COUNTER_CAP:
+        p = 1
+    p = max(1, min(p, max(nb_min, 1)))
+    rows_t = min(bm, triton.next_power_of_2(m))  # rows of a tile that can exist
+    r = cfg.get("r", 1)
+    if "r" not in o:  # no more reducers than needed for ~16 KiB of partials each
+        r = min(r, triton.next_power_of_2(triton.cdiv(p * rows_t * _NPAD * 4, _REDUCER_BYTES)))
+    r = max(1, min(r, p, rows_t))
+    r = 1 << (r.bit_length() - 1)  # power of two: RB = rows_t // r
+    while r > 1 and r * groups > num_sms:  # waiting reducers: at most one per SM
+        r //= 2
+    cfg.update(p=p, r=r, rb=rows_t // r, pb=cfg.get("pb"))
+    cfg.setdefault("num_stages", 3)
+    return cfg
 
 
 def _precision() -> bool:
@@ -305,8 +457,12 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
     dev = x.device
     num_sms = _num_sms(dev.index if dev.index is not None else torch.cuda.current_device()) \
         if dev.type == "cuda" else 8
-    cfg = choose_config(m, K, S, num_sms, _config)
-    P = cfg["p"]
+    cfg = choose_config(m, K, S, num_sms, _config, mma_kind(dev))
+    if not cfg["fma"] and cfg["block_m"] < 16:
+        raise UnsupportedCase(f"{OP}: _config block_m must be >= 16 for the MMA kernel, got {cfg}")
+    P, R, rb = cfg["p"], cfg["r"], cfg["rb"]
+    if _interpret() and R > 1:  # the interpreter runs programs one by one: no waiting
+        R, rb = 1, rb * R
     out3 = out if out.dim() == 3 else out.unsqueeze(0)
     sq2 = sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0)
     cnt = None
@@ -315,13 +471,14 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         if cnt is None:  # capturing a graph before any eager call on this stream
             P = 1
     if P > 1:
-        ws = torch.empty((S * P, m, _NPAD), dtype=torch.float32, device=dev)
-        wss = torch.empty((S * P, m), dtype=torch.float32, device=dev)
+        nws = S * P * m * _NPAD
+        buf = _workspace(dev, nws + S * P * m)
+        ws, wss = buf[:nws], buf[nws:]
     else:
         ws, wss, cnt = out3, sq2, sq2  # unused (USE_WS=False)
     grid = (triton.cdiv(m, cfg["block_m"]), S * P)
-    rb = min(cfg["block_m"], triton.next_power_of_2(m))
-    pb = cfg.get("pb") or min(triton.next_power_of_2(P), max(1, 8192 // (rb * _NPAD)))
+    pb = cfg.get("pb") or min(triton.next_power_of_2(P),
+                              max(1, cfg.get("gel", 8192) // (rb * _NPAD)))
     interp_it = 0
     if _interpret():  # constant trip count: longest sub-slice / BLOCK_K
         nb = triton.cdiv(K, _KBLOCK)
@@ -334,8 +491,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         x.stride(0), x.stride(1), fn.stride(0), fn.stride(1),
         out3.stride(0), out3.stride(1), out3.stride(2), sq2.stride(0), sq2.stride(1),
         BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], NP=_NPAD, KB=_KBLOCK,
-        USE_WS=P > 1, BF16X2=bf16x2,
-        RB=rb, PB=pb,
+        USE_WS=P > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]),
+        R=R, RB=rb, PB=pb,
         INTERP_IT=interp_it, INTERP_PQ=triton.cdiv(P, pb) if interp_it else 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
