@@ -22,11 +22,13 @@ from deepseek_v4_kernel.ops import fp4_moe as op  # noqa: E402
 H, I = 4096, 2048
 
 
-def configs():
-    """(label, M) of the picked configs: decode, mid and prefill (E=256, topk 6)."""
+def configs(impl, labels=("decode", "mid", "prefill")):
+    """(label, c1, c2) of the picked configs of impl at DSV4 shapes (E=256, topk 6)."""
     out = []
     for label, M in (("decode", 32), ("mid", 1024), ("prefill", 8192)):
-        c1, c2 = op._pick_config(M, 6, 256, I, H, "dequant")
+        if label not in labels:
+            continue
+        c1, c2 = op._pick_config(M, 6, 256, I, H, impl)
         c1, c2 = op._finish_config(c1, c2, I, H)
         out.append((label, c1, c2))
     return out
@@ -73,12 +75,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, action="append")
     ap.add_argument("--impls", default=",".join(op.IMPLS))
+    ap.add_argument("--labels", default="decode,mid,prefill")
     ap.add_argument("--json")
     args = ap.parse_args()
     res = []
     for arch in args.arch or [120]:
-        for label, c1, c2 in configs():
-            for impl in args.impls.split(","):
+        for impl in args.impls.split(","):
+            for label, c1, c2 in configs(impl, args.labels.split(",")):
                 for kern, c in (("gemm1", c1), ("gemm2", c2)):
                     rec = dict(arch=arch, label=label, impl=impl, kernel=kern, config=c)
                     try:

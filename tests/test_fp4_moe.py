@@ -377,3 +377,45 @@ def test_default_impl_by_capability():
     major = torch.cuda.get_device_capability()[0]
     want = op.DEFAULT_IMPL_CC10 if major >= 10 else op.DEFAULT_IMPL_SM90
     assert op.default_impl() == want
+
+
+# ----------------------------------------------------------------------------- sm_120 AOT (CPU)
+@pytest.fixture(scope="module")
+def sm120_aot():
+    """Compile the picked tiles at DeepSeek-V4 shapes for sm_120a in a subprocess (the test
+    process runs Triton in interpreter mode): mxfp8 (the cc >= 10 default) at every regime,
+    the exact impls at prefill (their largest tiles)."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    script = os.path.join(root, "scripts", "aot_fp4_moe.py")
+    recs = []
+    for impls, labels in (("mxfp8", "decode,mid,prefill"), ("dequant,dot_scaled", "prefill")):
+        r = subprocess.run([sys.executable, script, "--arch", "120", "--impls", impls,
+                            "--labels", labels], env=env, capture_output=True, text=True,
+                           timeout=600, cwd=root)
+        if r.returncode != 0:
+            if "ptxas" in r.stderr:
+                pytest.skip("no ptxas for sm_120 here: " + r.stderr[-200:])
+            raise AssertionError("sm_120 AOT compile failed:\n" + r.stderr[-3000:])
+        recs += [json.loads(ln[3:]) for ln in r.stdout.splitlines() if ln.startswith("AOT")]
+    return recs
+
+
+def test_sm120_aot_smem_and_instructions(sm120_aot):
+    """<= 101376 B shared memory, mma.sync only (no wgmma/tcgen05, absent on SM120), and the
+    mxfp8 impl lowers to the native block-scaled MMA (kind::mxf8f6f4)."""
+    assert len(sm120_aot) == 10
+    for d in sm120_aot:
+        assert "error" not in d, d
+        assert d["shared"] <= op.SMEM_LIMIT, d
+        assert d["mma_sync"] and not d["wgmma"] and not d["tcgen05"], d
+        if d["impl"] == "mxfp8":
+            assert d["mxf8f6f4"] and d["block_scale"], d
+        else:
+            assert not d["block_scale"], d

@@ -63,7 +63,7 @@ SMEM_LIMIT = 101376
 GROUP = 32
 IMPLS = ("dequant", "dot_scaled", "mxfp8")
 _IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}
-DEFAULT_IMPL_SM90 = "dequant"
+DEFAULT_IMPL_SM90 = "dot_scaled"
 DEFAULT_IMPL_CC10 = "mxfp8"
 SMALL_ROUTE_MAX_SLOTS = 512
 
@@ -439,23 +439,47 @@ def _reduce_kernel(y_ptr, ids_ptr, out_ptr, HID, E, rsf, stride_ym, stride_om,
 _CFG_KEYS = ("BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages")
 
 
-def _pick_config(M: int, topk: int, E: int, I: int, H: int, impl: str):
-    """Tiles by expected rows per expert (decode and prefill tuned separately).
+# Tiles per impl and regime (H100 run 1 sweeps, docs/fp4_moe.md): BM rows (tokens) per block,
+# shared by both GEMMs (it sets the row layout); BN weight rows per program (gemm1: per gate
+# and per up half); BK K per step. "decode" = <= 8 expected rows per expert (weight-stream
+# bound: many small programs over N), "mid" <= 48, "prefill" above.
+_CONFIGS = {
+    "dequant": {
+        "decode": (dict(BM=16, BN=64, BK=256, GROUP_M=1, num_warps=4, num_stages=3),
+                   dict(BM=16, BN=64, BK=256, GROUP_M=1, num_warps=4, num_stages=3)),
+        "mid": (dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3),
+                dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)),
+        "prefill": (dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3),
+                    dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)),
+    },
+    "dot_scaled": {
+        "decode": (dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=2, num_stages=3),
+                   dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=2, num_stages=3)),
+        "mid": (dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3),
+                dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)),
+        "prefill": (dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3),
+                    dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)),
+    },
+    "mxfp8": {
+        "decode": (dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=2, num_stages=3),
+                   dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=2, num_stages=3)),
+        "mid": (dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3),
+                dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)),
+        "prefill": (dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4),
+                    dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4)),
+    },
+}
 
-    BM: rows (tokens) per block (shared by both GEMMs, it sets the row layout);
-    BN: weight rows per program (gemm1: per gate and per up half); BK: K per step."""
+
+def regime(M: int, topk: int, E: int) -> str:
     S = M * topk
     per_expert = S / max(1, min(E, S))
-    if per_expert <= 8:  # decode: weight-stream bound; many programs over N
-        c1 = dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3)
-        c2 = dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3)
-    elif per_expert <= 48:
-        c1 = dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)
-        c2 = dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)
-    else:  # prefill
-        c1 = dict(BM=64, BN=64, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
-        c2 = dict(BM=64, BN=128, BK=128, GROUP_M=8, num_warps=8, num_stages=3)
-    return c1, c2
+    return "decode" if per_expert <= 8 else ("mid" if per_expert <= 48 else "prefill")
+
+
+def _pick_config(M: int, topk: int, E: int, I: int, H: int, impl: str):
+    c1, c2 = _CONFIGS[impl][regime(M, topk, E)]
+    return dict(c1), dict(c2)
 
 
 def _finish_config(c1, c2, I, H):
