@@ -439,7 +439,7 @@ def _reduce_kernel(y_ptr, ids_ptr, out_ptr, HID, E, rsf, stride_ym, stride_om,
 _CFG_KEYS = ("BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages")
 
 
-# Tiles per impl and regime (H100 run 1 sweeps, docs/fp4_moe.md): BM rows (tokens) per block,
+# Tiles per impl and regime (H100 run 1 and run 2 sweeps, docs/fp4_moe.md): BM rows (tokens) per block,
 # shared by both GEMMs (it sets the row layout); BN weight rows per program (gemm1: per gate
 # and per up half); BK K per step. "decode" = <= 8 expected rows per expert (weight-stream
 # bound: many small programs over N), "mid" <= 48, "prefill" above.
@@ -447,22 +447,22 @@ _CONFIGS = {
     "dequant": {
         "decode": (dict(BM=16, BN=64, BK=256, GROUP_M=1, num_warps=4, num_stages=3),
                    dict(BM=16, BN=64, BK=256, GROUP_M=1, num_warps=4, num_stages=3)),
-        "mid": (dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3),
-                dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)),
+        "mid": (dict(BM=32, BN=128, BK=64, GROUP_M=4, num_warps=4, num_stages=4),
+                dict(BM=32, BN=128, BK=64, GROUP_M=4, num_warps=4, num_stages=4)),
         "prefill": (dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3),
                     dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)),
     },
     "dot_scaled": {
-        "decode": (dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=2, num_stages=3),
-                   dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=2, num_stages=3)),
+        "decode": (dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=2, num_stages=4),
+                   dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=2, num_stages=4)),
         "mid": (dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3),
                 dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)),
-        "prefill": (dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3),
-                    dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)),
+        "prefill": (dict(BM=128, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4),
+                    dict(BM=128, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4)),
     },
     "mxfp8": {
-        "decode": (dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=2, num_stages=3),
-                   dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=2, num_stages=3)),
+        "decode": (dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3),
+                   dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3)),
         "mid": (dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3),
                 dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)),
         "prefill": (dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4),
