@@ -60,7 +60,7 @@ def compile_one(kernel, impl, c, arch, scale_f32=False):
         div = [k for k in sig if k.endswith("_ptr")] + ["stride_hm", "stride_we", "stride_wn", "stride_se",
                                                           "stride_sn", "stride_ym"]
     const.update(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], IMPL=op._IMPL_CODE[impl],
-                 INTERP=False)
+                 INTERP=False, DEQ_PTX=impl == "dequant")
     sig.update({k: "constexpr" for k in const})
     k = triton.compile(ASTSource(fn, sig, const, _attrs(fn, div)), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))

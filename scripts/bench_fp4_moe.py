@@ -203,6 +203,8 @@ DECODE_SWEEP = [_c(32, 256, 2, 3), _c(32, 256, 1, 3), _c(64, 256, 2, 3), _c(64, 
                 _c(32, 128, 2, 4), _c(64, 128, 2, 4), _c(128, 128, 4, 3)]
 MID_SWEEP = [_c(64, 128, 4, 3, BM=32), _c(64, 128, 2, 3, BM=32), _c(64, 256, 2, 3, BM=16),
              _c(64, 64, 4, 4, BM=64), _c(128, 64, 4, 4, BM=32)]
+DEQ_PTX_SWEEP = [_c(64, 256, 4, 3), _c(32, 128, 2, 4), _c(64, 128, 4, 4), _c(128, 128, 4, 3),
+                 _c(64, 256, 2, 3), _c(128, 256, 8, 3)]
 PREFILL_SWEEP = [_c(128, 64, 8, 3, BM=128), _c(64, 64, 4, 4, BM=64), _c(128, 64, 8, 4, BM=128),
                  _c(64, 64, 4, 4, BM=128), _c(128, 64, 4, 4, BM=64), _c(128, 64, 8, 3, BM=64)]
 
@@ -233,6 +235,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-budget", type=float, default=120.0)
+    ap.add_argument("--sweep-set", default="run3", choices=["run2", "run3"])
     ap.add_argument("--impls", default="dequant,dot_scaled,mxfp8")
     ap.add_argument("--no-baselines", action="store_true")
     args = ap.parse_args()
@@ -302,22 +305,30 @@ def main():
     if args.sweep:
         sweep_t0 = time.time()
         plan = []  # most informative first (the budget may cut the tail)
-        exact = [i for i in impls if i != "mxfp8"]
-        for M, cfgs, which in ((32, DECODE_SWEEP, exact), (8192, PREFILL_SWEEP, ["dot_scaled"]),
-                               (1024, MID_SWEEP, exact), (1, DECODE_SWEEP, exact),
-                               (8192, PREFILL_SWEEP[:2], ["dequant"])):
-            for impl in which:
-                if impl not in impls:
-                    continue
-                for c in cfgs:
-                    plan.append((M, impl, c))
-        for M, impl, c in plan:
+        if args.sweep_set == "run2":
+            exact = [i for i in impls if i != "mxfp8"]
+            for M, cfgs, which in ((32, DECODE_SWEEP, exact), (8192, PREFILL_SWEEP, ["dot_scaled"]),
+                                   (1024, MID_SWEEP, exact), (1, DECODE_SWEEP, exact),
+                                   (8192, PREFILL_SWEEP[:2], ["dequant"])):
+                for impl in which:
+                    if impl not in impls:
+                        continue
+                    for c in cfgs:
+                        plan.append((M, impl, c, None))
+        else:  # run 3: the inline-PTX dequant at decode, and the plain Triton form (A/B)
+            for M in (32, 1, 8):
+                plan.append((M, "dequant", None, {"DSV4_FP4_MOE_DEQ_PTX": "0"}))
+                for c in DEQ_PTX_SWEEP:
+                    plan.append((M, "dequant", c, None))
+        for M, impl, c, env in plan:
             if time.time() - sweep_t0 > args.sweep_budget:
                 print("sweep budget used up; stopping")
                 break
             x, tw, ids = make_routing(M, seed=M)
             out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
-            rec = {"tokens": M, "impl": impl, "config": c}
+            rec = {"tokens": M, "impl": impl, "config": c, "env": env}
+            old_env = {k: os.environ.get(k) for k in (env or {})}
+            os.environ.update(env or {})
             try:
                 us, _ = timeit_graph(lambda: run_ours(x, w, tw, ids, impl, out, c),
                                      reps=10 if M <= 1024 else 2, iters=5)
@@ -329,6 +340,12 @@ def main():
                                    getattr(op.LAST_KERNELS["gemm2"], "n_spills", None)]
             except Exception as e:  # noqa: BLE001
                 rec["error"] = repr(e)[:300]
+            finally:
+                for k, v in old_env.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
             result["sweep"].append(rec)
             print("sweep", json.dumps(rec))
             json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)

@@ -376,7 +376,9 @@ def test_default_impl_by_capability():
         pytest.skip("DSV4_FP4_MOE_IMPL set")
     major = torch.cuda.get_device_capability()[0]
     want = op.DEFAULT_IMPL_CC10 if major >= 10 else op.DEFAULT_IMPL_SM90
-    assert op.default_impl() == want
+    for name in ("decode", "mid", "prefill"):
+        assert op.default_impl(name) == want[name]
+    assert op.regime(1, 6, 256) == "decode" and op.regime(8192, 6, 256) == "prefill"
 
 
 # ----------------------------------------------------------------------------- sm_120 AOT (CPU)

@@ -30,10 +30,12 @@ activations and its experts' weights stay in L2 (prefill); decode uses GROUP_M=1
 N tiles so that one expert's weight stream is split over many SMs.
 
 Inner product (``impl``):
-  "dequant"    e2m1 -> fp16 bit pattern -> fp32 * 2^(s-113) -> bf16 in registers (exact),
-               bf16 tl.dot with the weights as the MMA M side ("swap AB": tokens are the
-               small N side, so decode wastes no MMA rows); the two nibbles of a byte
-               feed two dots over the even and the odd K columns (no interleave shuffle).
+  "dequant"    e2m1 + scale -> bf16 in registers (exact), bf16 tl.dot with the weights as
+               the MMA M side ("swap AB": tokens are the small N side, so decode wastes no
+               MMA rows); the two nibbles of a byte feed two dots over the even and the odd
+               K columns (no interleave shuffle). On CUDA the decode is inline PTX on packed
+               bf16x2 (_DEQ_PTX, ~3 instructions per weight; DSV4_FP4_MOE_DEQ_PTX=0 for the
+               plain Triton form: fp16 bit pattern -> fp32 * 2^(s-113) -> bf16).
   "dot_scaled" tl.dot_scaled(bf16 activations, e2m1 weights + ue8m0 scales): exact; Triton
                3.6 upcasts e2m1 to bf16 for this pair on every architecture.
   "mxfp8"      activations quantised in-kernel to MXFP8 (e4m3, one power-of-two scale per
@@ -63,8 +65,9 @@ SMEM_LIMIT = 101376
 GROUP = 32
 IMPLS = ("dequant", "dot_scaled", "mxfp8")
 _IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}
-DEFAULT_IMPL_SM90 = "dot_scaled"
-DEFAULT_IMPL_CC10 = "mxfp8"
+# default impl per regime ("decode" / "mid" / "prefill", see regime()); sm90 from the H100 runs
+DEFAULT_IMPL_SM90 = {"decode": "dot_scaled", "mid": "dot_scaled", "prefill": "dot_scaled"}
+DEFAULT_IMPL_CC10 = {"decode": "mxfp8", "mid": "mxfp8", "prefill": "mxfp8"}
 SMALL_ROUTE_MAX_SLOTS = 512
 
 # compiled kernels of the last call (for the shared-memory test)
@@ -229,29 +232,85 @@ def _deq_half(hb, sf, BN: tl.constexpr, BKH: tl.constexpr, OUT_DT: tl.constexpr)
     return (v * sfb).to(OUT_DT)
 
 
+# Four packed bytes in $4 -> the bf16 pairs of their low nibbles ($0: bytes 0,1; $1: bytes
+# 2,3) and of their high nibbles ($2, $3), times the bf16 scale pairs $5 (bytes 0,1) and $6
+# (bytes 2,3). prmt spreads two bytes to the two 16-bit halves; the e2m1 magnitude bits go to
+# bf16 bits 8..6 and the sign to bit 15, which reads as e2m1 * 2^-126 (code 1 is the bf16
+# subnormal 2^-127); * 2^126 (exact, subnormal input) then * scale (exact: powers of two).
+_DEQ_PTX = tl.constexpr("""
+{
+.reg .b32 x, y, t, u, r, m1, m2, zero, c126;
+mov.b32 zero, 0;
+mov.b32 m1, 0x01C001C0;
+mov.b32 m2, 0x81C081C0;
+mov.b32 c126, 0x7E807E80;
+prmt.b32 x, $4, zero, 0x4140;
+prmt.b32 y, $4, zero, 0x4342;
+shl.b32 t, x, 6;
+shl.b32 u, x, 12;
+lop3.b32 r, t, u, m1, 0xE4;
+and.b32 r, r, m2;
+mul.rn.bf16x2 r, r, c126;
+mul.rn.bf16x2 $0, r, $5;
+shl.b32 t, y, 6;
+shl.b32 u, y, 12;
+lop3.b32 r, t, u, m1, 0xE4;
+and.b32 r, r, m2;
+mul.rn.bf16x2 r, r, c126;
+mul.rn.bf16x2 $1, r, $6;
+shl.b32 t, x, 2;
+shl.b32 u, x, 8;
+lop3.b32 r, t, u, m1, 0xE4;
+and.b32 r, r, m2;
+mul.rn.bf16x2 r, r, c126;
+mul.rn.bf16x2 $2, r, $5;
+shl.b32 t, y, 2;
+shl.b32 u, y, 8;
+lop3.b32 r, t, u, m1, 0xE4;
+and.b32 r, r, m2;
+mul.rn.bf16x2 r, r, c126;
+mul.rn.bf16x2 $3, r, $6;
+}
+""")
+
+
+@triton.jit
+def _deq_ptx(wp, se, BN: tl.constexpr, BK: tl.constexpr):
+    """packed bytes [BN, BK/2] + exponents [BN, BK/32] -> (lo, hi) bf16 [BN, BK/2] (exact)."""
+    sf = (se << 23).to(tl.float32, bitcast=True).to(tl.bfloat16)  # 2^(s-127)
+    sfb = tl.reshape(tl.broadcast_to(sf[:, :, None], (BN, BK // 32, 16)), (BN, BK // 2))
+    return tl.inline_asm_elementwise(_DEQ_PTX, "=r,=r,=r,=r,r,r,r", [wp, sfb],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
 @triton.jit
 def _mma_swapped(acc, a_ev, a_od, wp, se, BN: tl.constexpr, BK: tl.constexpr,
-                 INTERP: tl.constexpr):
+                 INTERP: tl.constexpr, DEQ_PTX: tl.constexpr):
     """acc[BN, BM] += W[BN, BK] @ A[BM, BK]^T from packed bytes wp [BN, BK/2] (uint8),
     exponents se [BN, BK/32] and A split into its even (a_ev) and odd (a_od) K columns.
 
     An e2m1 code c = s|e1|e0|m placed at fp16 bits 15 and 11..9 is the fp16 number
     e2m1(c) * 2^-14 (code 1 lands on the fp16 subnormal 2^-15 = 0.5 * 2^-14), so after
     an exact fp16 -> fp32 convert one multiply by 2^(s - 127 + 14) gives the weight."""
-    w = wp.to(tl.int32)
-    sf = ((se + 14) << 23).to(tl.float32, bitcast=True)
-    hb_lo = ((w & 7) << 9) | ((w & 8) << 12)
-    hb_hi = ((w & 0x70) << 5) | ((w & 0x80) << 8)
-    if INTERP:  # the interpreter's bf16 casts truncate; same exact values in fp32
-        lo = _deq_half(hb_lo, sf, BN, BK // 2, tl.float32)
-        hi = _deq_half(hb_hi, sf, BN, BK // 2, tl.float32)
-        acc = tl.dot(lo, tl.trans(a_ev.to(tl.float32)), acc, input_precision="ieee")
-        acc = tl.dot(hi, tl.trans(a_od.to(tl.float32)), acc, input_precision="ieee")
-    else:
-        lo = _deq_half(hb_lo, sf, BN, BK // 2, tl.bfloat16)
-        hi = _deq_half(hb_hi, sf, BN, BK // 2, tl.bfloat16)
+    if DEQ_PTX:
+        lo, hi = _deq_ptx(wp, se, BN, BK)
         acc = tl.dot(lo, tl.trans(a_ev), acc)
         acc = tl.dot(hi, tl.trans(a_od), acc)
+    else:
+        w = wp.to(tl.int32)
+        sf = ((se + 14) << 23).to(tl.float32, bitcast=True)
+        hb_lo = ((w & 7) << 9) | ((w & 8) << 12)
+        hb_hi = ((w & 0x70) << 5) | ((w & 0x80) << 8)
+        if INTERP:  # the interpreter's bf16 casts truncate; same exact values in fp32
+            lo = _deq_half(hb_lo, sf, BN, BK // 2, tl.float32)
+            hi = _deq_half(hb_hi, sf, BN, BK // 2, tl.float32)
+            acc = tl.dot(lo, tl.trans(a_ev.to(tl.float32)), acc, input_precision="ieee")
+            acc = tl.dot(hi, tl.trans(a_od.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            lo = _deq_half(hb_lo, sf, BN, BK // 2, tl.bfloat16)
+            hi = _deq_half(hb_hi, sf, BN, BK // 2, tl.bfloat16)
+            acc = tl.dot(lo, tl.trans(a_ev), acc)
+            acc = tl.dot(hi, tl.trans(a_od), acc)
     return acc
 
 
@@ -290,7 +349,7 @@ def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, star
                   limit,
                   SCALE_F32: tl.constexpr, SWIGLU: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                  IMPL: tl.constexpr, INTERP: tl.constexpr):
+                  IMPL: tl.constexpr, INTERP: tl.constexpr, DEQ_PTX: tl.constexpr = False):
     pid_m, pid_n = _tile_ids(NUM_M, INTER, BN, GROUP_M)
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
@@ -326,8 +385,8 @@ def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, star
             wu = tl.load(wu_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
             sg = _scale_exp(sg_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
             su = _scale_exp(su_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
-            acc_g = _mma_swapped(acc_g, a_ev, a_od, wg, sg, BN, BK, INTERP)
-            acc_u = _mma_swapped(acc_u, a_ev, a_od, wu, su, BN, BK, INTERP)
+            acc_g = _mma_swapped(acc_g, a_ev, a_od, wg, sg, BN, BK, INTERP, DEQ_PTX)
+            acc_u = _mma_swapped(acc_u, a_ev, a_od, wu, su, BN, BK, INTERP, DEQ_PTX)
     else:
         kk = tl.arange(0, BK)
         acc_gt = tl.zeros([BM, BN], dtype=tl.float32)
@@ -366,7 +425,7 @@ def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_p
                   stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
                   SCALE_F32: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                  IMPL: tl.constexpr, INTERP: tl.constexpr):
+                  IMPL: tl.constexpr, INTERP: tl.constexpr, DEQ_PTX: tl.constexpr = False):
     pid_m, pid_n = _tile_ids(NUM_M, HID, BN, GROUP_M)
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
@@ -396,7 +455,7 @@ def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_p
             sm = nmask[:, None] & ((k0 // 32 + ks) < INTER // 32)[None, :]
             wp = tl.load(w_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
             se = _scale_exp(s_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
-            acc = _mma_swapped(acc, a_ev, a_od, wp, se, BN, BK, INTERP)
+            acc = _mma_swapped(acc, a_ev, a_od, wp, se, BN, BK, INTERP, DEQ_PTX)
     else:
         kk = tl.arange(0, BK)
         acc_t = tl.zeros([BM, BN], dtype=tl.float32)
@@ -490,14 +549,14 @@ def _finish_config(c1, c2, I, H):
     return c1, c2
 
 
-def default_impl() -> str:
+def default_impl(regime_name: str = "decode", device=None) -> str:
     env = os.environ.get("DSV4_FP4_MOE_IMPL")
     if env:
         return env
     if _interp() or not torch.cuda.is_available():
         return "dequant"
-    major = torch.cuda.get_device_capability()[0]
-    return DEFAULT_IMPL_CC10 if major >= 10 else DEFAULT_IMPL_SM90
+    major = torch.cuda.get_device_capability(device)[0]
+    return (DEFAULT_IMPL_CC10 if major >= 10 else DEFAULT_IMPL_SM90)[regime_name]
 
 
 # --------------------------------------------------------------------------- checks
@@ -598,7 +657,7 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     BM, BN, BK, GROUP_M, num_warps, num_stages of the picked tiles."""
     M, H, E, inter, topk = _check(hidden_states, w13, w13_scale, w2, w2_scale,
                                   topk_weights, topk_ids)
-    impl = impl or default_impl()
+    impl = impl or default_impl(regime(M, topk, E), hidden_states.device)
     if impl not in IMPLS:
         _err(f"impl must be one of {list(IMPLS)}, got {impl!r}")
     interp = _interp()
@@ -652,6 +711,8 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     s13, f13 = _scale_arg(w13_scale)
     s2_, f2 = _scale_arg(w2_scale)
     code = _IMPL_CODE[impl]
+    deq_ptx = (impl == "dequant" and not interp
+               and os.environ.get("DSV4_FP4_MOE_DEQ_PTX", "1") != "0")
     swiglu = swiglu_limit is not None
     g1 = (max_blocks * triton.cdiv(inter, c1["BN"]),)
     k1 = _gemm1_kernel[g1](
@@ -660,13 +721,14 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
         hidden_states.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         hbuf.stride(0), float(swiglu_limit) if swiglu else 0.0,
         SCALE_F32=f13, SWIGLU=swiglu, BM=BM, BN=c1["BN"], BK=c1["BK"], GROUP_M=c1["GROUP_M"],
-        IMPL=code, INTERP=interp, num_warps=c1["num_warps"], num_stages=c1["num_stages"])
+        IMPL=code, INTERP=interp, DEQ_PTX=deq_ptx, num_warps=c1["num_warps"],
+        num_stages=c1["num_stages"])
     g2 = (max_blocks * triton.cdiv(H, c2["BN"]),)
     k2 = _gemm2_kernel[g2](
         hbuf, w2, s2_, ybuf, tw, sorted_slot, block_expert, start, counts, max_blocks, H, inter,
         hbuf.stride(0), w2.stride(0), w2.stride(1), s2_.stride(0), s2_.stride(1), ybuf.stride(0),
         SCALE_F32=f2, BM=BM, BN=c2["BN"], BK=c2["BK"], GROUP_M=c2["GROUP_M"], IMPL=code,
-        INTERP=interp, num_warps=c2["num_warps"], num_stages=c2["num_stages"])
+        INTERP=interp, DEQ_PTX=deq_ptx, num_warps=c2["num_warps"], num_stages=c2["num_stages"])
     BH = min(1024, triton.next_power_of_2(H))
     _reduce_kernel[(M, triton.cdiv(H, BH))](
         ybuf, ids, out, H, E,
