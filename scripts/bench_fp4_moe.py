@@ -263,7 +263,8 @@ def main():
         S = M * TOPK
         floor_us = weight_bytes(U) / bw * 1e6
         flop_us = 6 * S * H * I / fl * 1e6
-        row = {"tokens": M, "experts_hit": U, "weight_floor_us": floor_us, "flop_floor_us": flop_us}
+        row = {"tokens": M, "experts_hit": U, "weight_floor_us": floor_us, "flop_floor_us": flop_us,
+               "default_impl": op.default_impl(op.regime(M, TOPK, E))}
         out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
         for impl in impls:
             try:
@@ -351,14 +352,14 @@ def main():
             json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)
 
     # table
-    lines = ["| tokens | experts hit | " + " | ".join(f"{i} µs" for i in impls)
+    lines = ["| tokens | experts hit | default | " + " | ".join(f"{i} µs" for i in impls)
              + " | torch dequant+GEMM µs | python loop µs | best vs torch | best vs loop"
              + " | % weight floor | % FLOP floor |",
-             "|" + "---|" * (len(impls) + 8)]
+             "|" + "---|" * (len(impls) + 9)]
     for r in result["rows"]:
         def f(k, fmt="{:.1f}"):
             return fmt.format(r[k]) if k in r else "-"
-        lines.append(f"| {r['tokens']} | {r['experts_hit']} | "
+        lines.append(f"| {r['tokens']} | {r['experts_hit']} | {r['default_impl']} | "
                      + " | ".join(f(f"{i}_us") for i in impls)
                      + f" | {f('torch_dequant_gemm_us')} | {f('python_loop_us')}"
                      + f" | {f('speedup_vs_torch_dequant_gemm', '{:.1f}x')} | {f('speedup_vs_python_loop', '{:.1f}x')}"
