@@ -385,8 +385,9 @@ def test_default_impl_by_capability():
 @pytest.fixture(scope="module")
 def sm120_aot():
     """Compile the picked tiles at DeepSeek-V4 shapes for sm_120a in a subprocess (the test
-    process runs Triton in interpreter mode): mxfp8 (the cc >= 10 default) at every regime,
-    the exact impls at prefill (their largest tiles)."""
+    process runs Triton in interpreter mode): mxfp8 (the cc >= 10 default at mid and prefill) at
+    every regime, the exact impls at decode (dequant is the cc >= 10 default there) and prefill
+    (their largest tiles)."""
     import json
     import subprocess
     import sys
@@ -397,7 +398,7 @@ def sm120_aot():
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     script = os.path.join(root, "scripts", "aot_fp4_moe.py")
     recs = []
-    for impls, labels in (("mxfp8", "decode,mid,prefill"), ("dequant,dot_scaled", "prefill")):
+    for impls, labels in (("mxfp8", "decode,mid,prefill"), ("dequant,dot_scaled", "decode,prefill")):
         r = subprocess.run([sys.executable, script, "--arch", "120", "--impls", impls,
                             "--labels", labels], env=env, capture_output=True, text=True,
                            timeout=600, cwd=root)
@@ -412,7 +413,7 @@ def sm120_aot():
 def test_sm120_aot_smem_and_instructions(sm120_aot):
     """<= 101376 B shared memory, mma.sync only (no wgmma/tcgen05, absent on SM120), and the
     mxfp8 impl lowers to the native block-scaled MMA (kind::mxf8f6f4)."""
-    assert len(sm120_aot) == 10
+    assert len(sm120_aot) == 14
     for d in sm120_aot:
         assert "error" not in d, d
         assert d["shared"] <= op.SMEM_LIMIT, d
