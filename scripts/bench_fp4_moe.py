@@ -34,74 +34,11 @@ import torch  # noqa: E402
 
 from deepseek_v4_kernel.ops import fp4_moe as op  # noqa: E402
 from deepseek_v4_kernel.reference.fp4_moe import E2M1_VALUES, fp4_moe_reference  # noqa: E402
+from bench_common import bf16_flops, copy_bw, timeit, timeit_graph  # noqa: E402  (scripts/ is sys.path[0])
 
 E, TOPK, H, I = 256, 6, 4096, 2048
 TOKENS = [1, 8, 32, 128, 1024, 8192]
 LIMIT, RSF = 10.0, 1.5
-
-
-# ----------------------------------------------------------------------------- timing
-def timeit(fn, iters=10, warmup=2):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def timeit_graph(fn, reps=10, iters=10):
-    fn()
-    torch.cuda.synchronize()
-    try:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            with torch.cuda.graph(g):
-                for _ in range(reps):
-                    fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g.replay()
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001
-        print("graph capture failed, eager timing:", str(e)[:160])
-        return timeit(fn), False
-    ts = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    ts.sort()
-    del g
-    return ts[len(ts) // 2], True
-
-
-def copy_bw():
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    us = timeit(lambda: y.copy_(x), iters=10)
-    del x, y
-    return 2 * (1 << 30) / (us * 1e-6)
-
-
-def bf16_flops():
-    a = torch.randn(8192, 8192, device="cuda").bfloat16()
-    b = torch.randn(8192, 8192, device="cuda").bfloat16()
-    us = timeit(lambda: torch.mm(a, b), iters=10)
-    return 2 * 8192 ** 3 / (us * 1e-6)
 
 
 # ----------------------------------------------------------------------------- baselines

@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from deepseek_v4_kernel.ops import indexer_logits as op  # noqa: E402
 from deepseek_v4_kernel.reference import indexer_logits as ref  # noqa: E402
+from bench_common import copy_bw, fp8_flops, timeit, timeit_graph  # noqa: E402  (scripts/ is sys.path[0])
 
 SGL_FILE = os.path.join(ROOT, ".sglang", "sglang-0.5.23", "sglang", "srt", "layers", "attention",
                         "dsv4", "indexer.py")
@@ -44,75 +45,6 @@ def load_sglang_fallback():
     ns = {"torch": torch, "F": F, "FP8_DTYPE": torch.float8_e4m3fn, "Any": Any}
     exec(compile(mod, SGL_FILE, "exec"), ns)
     return ns["fp8_paged_mqa_logits_torch_sm120"], "loaded from sglang 0.5.23 wheel (ast extract)"
-
-
-def timeit(fn, iters=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def timeit_graph(fn, reps=10, iters=10):
-    """Per-call time with `reps` calls captured in one CUDA graph (as SGLang decode runs): no host
-    overhead in the number. Falls back to eager timing if capture fails."""
-    fn()
-    torch.cuda.synchronize()
-    try:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            with torch.cuda.graph(g):
-                for _ in range(reps):
-                    fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g.replay()
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001
-        print("graph capture failed, eager timing:", str(e)[:120])
-        return timeit(fn), False
-    ts = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    ts.sort()
-    del g
-    return ts[len(ts) // 2], True
-
-
-def copy_bw():
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    us = timeit(lambda: y.copy_(x), iters=10)
-    return 2 * x.numel() / (us * 1e-6)
-
-
-def fp8_flops():
-    a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
-    b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn).t()
-    one = torch.ones((), device="cuda")
-    try:
-        us = timeit(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), iters=10)
-        return 2 * 8192 ** 3 / (us * 1e-6)
-    except Exception as e:  # noqa: BLE001
-        print("scaled_mm failed:", e)
-        return None
 
 
 def make_cache(B, ctx, H=64, N=1, shared_pages=False, seed=0):
