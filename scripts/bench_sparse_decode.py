@@ -16,7 +16,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from deepseek_v4_kernel.ops.sparse_decode import sparse_decode, choose_splits, _sm_count  # noqa: E402
+from deepseek_v4_kernel.ops.sparse_decode import sparse_decode, choose_splits, _sm_count, resolve_impl, IMPL  # noqa: E402
 
 
 def make_cache(num_tokens, page_size, gen, pad=0):
@@ -147,6 +147,9 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--max-b-competitors", type=int, default=128)
+    ap.add_argument("--impls", default=IMPL,
+                    help="comma list of kernels to time (simt, mma, mma64, auto); the first is 'ours'")
+    ap.add_argument("--only", default="", help="b,h_q,s_q,extra: time just this shape (e.g. under ncu)")
     ap.add_argument("--sglang-triton", default=os.path.join(ROOT, ".sglang/0.5.23/flash_mla_sm120_triton.py"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -164,73 +167,86 @@ def main():
     main_cache = make_cache(65536, page_main, gen, pad=576)
     extra_cache = make_cache(262144, page_extra, gen)
     bs = [1, 8, 32, 128, 1024] if not args.quick else [1, 128]
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    shapes = [(b, h_q, s_q, extra) for h_q in [64, 128] for s_q in [1, 2] for extra in [512, 2048] for b in bs]
+    if args.only:
+        shapes = [tuple(int(x) for x in args.only.split(","))]
     rows = []
     hdr = f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | {'ours us':>8} {'torch us':>9} {'sgl-tri us':>10} | " \
-          f"{'x torch':>8} {'x tri':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} {'%flops':>7}"
+          f"{'x torch':>8} {'x tri':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} {'%flops':>7}" + \
+          "".join(f" {i + ' us':>10}" for i in impls[1:])
+    print(f"ours = {impls[0]}")
     print(hdr)
-    for h_q in [64, 128]:
-        for s_q in [1, 2]:
-            for extra in [512, 2048]:
-                for b in bs:
-                    nsets = 4 if b <= 128 else 2
-                    sets = []
-                    for _ in range(nsets):
-                        a = dict(
-                            q=torch.randn(b, s_q, h_q, 512, device=dev, generator=gen).bfloat16(),
-                            k_cache=main_cache,
-                            indices=torch.randint(0, 65536, (b, s_q, main_tokens), device=dev, generator=gen, dtype=torch.int32),
-                            topk_length=torch.full((b,), main_tokens, dtype=torch.int32, device=dev),
-                            extra_k_cache=extra_cache,
-                            extra_indices=torch.randint(0, 262144, (b, s_q, extra), device=dev, generator=gen, dtype=torch.int32),
-                            extra_topk_length=torch.full((b,), extra, dtype=torch.int32, device=dev),
-                            attn_sink=torch.randn(h_q, device=dev, generator=gen),
-                        )
-                        sets.append(a)
-                    T = main_tokens + extra
-                    nbytes = b * T * 584 + 2 * b * s_q * h_q * 512 * 2
-                    nflops = 4 * b * s_q * h_q * T * 512
-                    floor_us = max(nbytes / bw, nflops / flops_rate) * 1e6
-                    r = dict(b=b, h_q=h_q, s_q=s_q, main=main_tokens, extra=extra,
-                             splits=choose_splits(b, s_q, h_q, T, _sm_count(dev))[0],
-                             bytes=nbytes, flops=nflops, floor_us=floor_us)
-                    # correctness spot check vs torch (fp32) on the first set
-                    o1, l1 = sparse_decode(**sets[0])
-                    if b * s_q * T * 512 * 4 <= 2 ** 31:
-                        o2, l2 = torch_impl(**sets[0])
-                        r["max_abs_err_vs_torch"] = float((o1.float() - o2.float()).abs().max())
-                    r["ours_us"], r["ours_mode"] = time_fn(lambda a: sparse_decode(**a), sets, args.reps)
-                    if b * s_q * T * 512 * 4 <= 2 ** 31 and b <= args.max_b_competitors:
-                        try:
-                            r["torch_us"], _ = time_fn(lambda a: torch_impl(**a), sets[:2], max(5, args.reps // 4))
-                        except Exception as e:  # noqa: BLE001
-                            r["torch_err"] = f"{type(e).__name__}: {e}"[:200]
-                    if tri is not None and b <= args.max_b_competitors:
-                        def tri_fn(a, s_q=s_q, b=b, h_q=h_q):
-                            q = a["q"].reshape(b * s_q, 1, h_q, 512)
-                            return tri.flash_mla_sparse_decode_triton(
-                                q, a["k_cache"], a["tri_idx"], a["tri_len"], a["attn_sink"], 512, None,
-                                extra_k_cache=a["extra_k_cache"], extra_indices=a["tri_eidx"],
-                                extra_topk_length=a["tri_elen"])
-                        for a in sets:
-                            a["tri_idx"] = a["indices"].reshape(b * s_q, 1, -1)
-                            a["tri_eidx"] = a["extra_indices"].reshape(b * s_q, 1, -1)
-                            a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
-                            a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
-                        try:
-                            r["sgl_triton_us"], r["sgl_triton_mode"] = time_fn(tri_fn, sets[:2], max(5, args.reps // 4))
-                        except Exception as e:  # noqa: BLE001
-                            r["sgl_triton_err"] = f"{type(e).__name__}: {e}"[:200]
-                    r["pct_floor"] = 100 * floor_us / r["ours_us"]
-                    r["pct_bytes"] = 100 * nbytes / bw / (r["ours_us"] * 1e-6)
-                    r["pct_flops"] = 100 * nflops / flops_rate / (r["ours_us"] * 1e-6)
-                    rows.append(r)
-                    f = lambda k: f"{r[k]:.1f}" if k in r else "n/a"  # noqa: E731
-                    xr = lambda k: f"{r[k] / r['ours_us']:.1f}x" if k in r else "n/a"  # noqa: E731
-                    print(f"{b:>5} {h_q:>4} {s_q:>3} {extra:>6} {r['splits']:>5} | {f('ours_us'):>8} {f('torch_us'):>9} "
-                          f"{f('sgl_triton_us'):>10} | {xr('torch_us'):>8} {xr('sgl_triton_us'):>8} | {floor_us:>8.1f} "
-                          f"{r['pct_floor']:>6.1f}% {r['pct_bytes']:>6.1f}% {r['pct_flops']:>6.1f}%", flush=True)
-                    del sets
+    for (b, h_q, s_q, extra) in shapes:
+        nsets = 4 if b <= 128 else 2
+        sets = []
+        for _ in range(nsets):
+            a = dict(
+                q=torch.randn(b, s_q, h_q, 512, device=dev, generator=gen).bfloat16(),
+                k_cache=main_cache,
+                indices=torch.randint(0, 65536, (b, s_q, main_tokens), device=dev, generator=gen, dtype=torch.int32),
+                topk_length=torch.full((b,), main_tokens, dtype=torch.int32, device=dev),
+                extra_k_cache=extra_cache,
+                extra_indices=torch.randint(0, 262144, (b, s_q, extra), device=dev, generator=gen, dtype=torch.int32),
+                extra_topk_length=torch.full((b,), extra, dtype=torch.int32, device=dev),
+                attn_sink=torch.randn(h_q, device=dev, generator=gen),
+            )
+            sets.append(a)
+        T = main_tokens + extra
+        nbytes = b * T * 584 + 2 * b * s_q * h_q * 512 * 2
+        nflops = 4 * b * s_q * h_q * T * 512
+        floor_us = max(nbytes / bw, nflops / flops_rate) * 1e6
+        r = dict(b=b, h_q=h_q, s_q=s_q, main=main_tokens, extra=extra, impl=resolve_impl(h_q, impls[0]),
+                 splits=choose_splits(b, s_q, h_q, T, _sm_count(dev), impls[0])[0],
+                 bytes=nbytes, flops=nflops, floor_us=floor_us)
+        # correctness spot check vs torch (fp32) on the first set
+        o1, l1 = sparse_decode(**sets[0], impl=impls[0])
+        if b * s_q * T * 512 * 4 <= 2 ** 31 and not args.only:
+            o2, l2 = torch_impl(**sets[0])
+            r["max_abs_err_vs_torch"] = float((o1.float() - o2.float()).abs().max())
+        for k, im in enumerate(impls):
+            key = "ours_us" if k == 0 else f"us_{im}"
+            r[key], r[key.replace("us", "mode")] = time_fn(lambda a, im=im: sparse_decode(**a, impl=im),
+                                                          sets, args.reps)
+        if args.only:
+            print(r)
+            continue
+        if b * s_q * T * 512 * 4 <= 2 ** 31 and b <= args.max_b_competitors:
+            try:
+                r["torch_us"], _ = time_fn(lambda a: torch_impl(**a), sets[:2], max(5, args.reps // 4))
+            except Exception as e:  # noqa: BLE001
+                r["torch_err"] = f"{type(e).__name__}: {e}"[:200]
+        if tri is not None and b <= args.max_b_competitors:
+            def tri_fn(a, s_q=s_q, b=b, h_q=h_q):
+                q = a["q"].reshape(b * s_q, 1, h_q, 512)
+                return tri.flash_mla_sparse_decode_triton(
+                    q, a["k_cache"], a["tri_idx"], a["tri_len"], a["attn_sink"], 512, None,
+                    extra_k_cache=a["extra_k_cache"], extra_indices=a["tri_eidx"],
+                    extra_topk_length=a["tri_elen"])
+            for a in sets:
+                a["tri_idx"] = a["indices"].reshape(b * s_q, 1, -1)
+                a["tri_eidx"] = a["extra_indices"].reshape(b * s_q, 1, -1)
+                a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
+                a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
+            try:
+                r["sgl_triton_us"], r["sgl_triton_mode"] = time_fn(tri_fn, sets[:2], max(5, args.reps // 4))
+            except Exception as e:  # noqa: BLE001
+                r["sgl_triton_err"] = f"{type(e).__name__}: {e}"[:200]
+        r["pct_floor"] = 100 * floor_us / r["ours_us"]
+        r["pct_bytes"] = 100 * nbytes / bw / (r["ours_us"] * 1e-6)
+        r["pct_flops"] = 100 * nflops / flops_rate / (r["ours_us"] * 1e-6)
+        rows.append(r)
+        f = lambda k: f"{r[k]:.1f}" if k in r else "n/a"  # noqa: E731
+        xr = lambda k: f"{r[k] / r['ours_us']:.1f}x" if k in r else "n/a"  # noqa: E731
+        print(f"{b:>5} {h_q:>4} {s_q:>3} {extra:>6} {r['splits']:>5} | {f('ours_us'):>8} {f('torch_us'):>9} "
+              f"{f('sgl_triton_us'):>10} | {xr('torch_us'):>8} {xr('sgl_triton_us'):>8} | {floor_us:>8.1f} "
+              f"{r['pct_floor']:>6.1f}% {r['pct_bytes']:>6.1f}% {r['pct_flops']:>6.1f}%"
+              + "".join(f" {r['us_' + i]:>10.1f}" for i in impls[1:]), flush=True)
+        del sets
+    if args.only:
+        return
     res = dict(device=torch.cuda.get_device_name(), sms=_sm_count(dev), copy_bw_Bps=bw, bf16_flops=flops_rate,
+               impls=impls,
                torch=torch.__version__, rows=rows, time=time.strftime("%Y-%m-%d %H:%M:%S"))
     with open(os.path.join(args.out, "bench_sparse_decode.json"), "w") as fh:
         json.dump(res, fh, indent=1)

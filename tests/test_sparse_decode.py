@@ -113,6 +113,15 @@ def test_choose_splits_shapes_only():
     for args in [(1, 1, 8, 1, 132), (3, 4, 128, 8320, 188), (2, 1, 64, 33, 132)]:
         n, per = sd.choose_splits(*args)
         assert per % 32 == 0 and (n - 1) * per < args[3] <= n * per or args[3] <= per
+    for impl in ["simt", "mma", "mma64", "auto"]:
+        for args in [(1, 1, 64, 640, 132), (8, 2, 128, 2176, 188), (1024, 1, 64, 640, 132), (2, 1, 96, 33, 132)]:
+            n, per = sd.choose_splits(*args, impl=impl)
+            assert 1 <= n <= sd.MAX_SPLITS and per % 32 == 0 and (n - 1) * per < max(args[3], 1) <= n * per
+    assert sd.choose_splits(1, 1, 64, 640, 132, impl="mma64")[0] > 1
+    assert sd.choose_splits(128, 1, 64, 640, 132, impl="mma64")[0] == 1      # one wave already
+    assert sd.resolve_impl(64, "auto") == "mma64" and sd.resolve_impl(32, "auto") == "mma"
+    with pytest.raises(UnsupportedCase, match="impl"):
+        sd.resolve_impl(64, "nope")
 
 
 # ---------------------------------------------------------------- GPU
@@ -183,6 +192,26 @@ def _run(a):
 def test_gpu_vs_reference(name):
     a = _to_cuda(_case(**CASES[name]))
     _check(a, *_run(a))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["mma", "mma64"])
+@pytest.mark.parametrize("name", ["h96_odd_heads", "h64_b1_split_len", "h128_b40_p256_noslit"])
+def test_gpu_impls_vs_reference(impl, name):
+    """Each kernel explicitly (independent of DSV4_SPARSE_DECODE_IMPL): h_q not a multiple of 64,
+    b=1 split path with lengths, many rows without split."""
+    cases = {
+        "h96_odd_heads": dict(b=3, s_q=2, h_q=96, topk=67, extra_topk=100, with_len=True, with_extra_len=True,
+                              sink=True, seed=11),
+        "h64_b1_split_len": dict(b=1, s_q=1, h_q=64, topk=128, extra_topk=519, with_len=True, with_extra_len=True,
+                                 sink=True, seed=12, stride_pad=576),
+        "h128_b40_p256_noslit": dict(b=40, s_q=1, h_q=128, topk=256, page_size=256, n_main=2000, extra_topk=64,
+                                     seed=13),
+    }
+    a = _to_cuda(_case(**cases[name]))
+    out, lse = sd.sparse_decode(**a, impl=impl)
+    torch.cuda.synchronize()
+    _check(a, out, lse)
 
 
 @pytest.mark.gpu

@@ -19,11 +19,12 @@ def _nvcc():
 def _kernel_smem_constant():
     """kSmemBytes from kernel.cuh, evaluated from its named constants (dynamic smem per block)."""
     env = {}
-    for f in ("kernel.cuh", "kernel_mma.cuh"):
+    for f in ("kernel.cuh", "kernel_mma.cuh", "kernel_mma64.cuh"):
         src = open(os.path.join(ROOT, "csrc/sparse_decode", f)).read()
         for name, expr in re.findall(r"constexpr int (\w+) = ([^;]+);", src):
             env[name] = eval(expr.split("//")[0], {}, dict(env))
-    return {"sparse_decode_kernel": env["kSmemBytes"], "sparse_decode_mma_kernel": env["kMmaSmemBytes"]}
+    return {"sparse_decode_kernel": env["kSmemBytes"], "sparse_decode_mma_kernel": env["kMmaSmemBytes"],
+            "sparse_decode_mma64_kernel": env["kM64SmemBytes"]}
 
 
 def test_sparse_decode_resources_sm120a(tmp_path):
@@ -57,3 +58,4 @@ def test_sparse_decode_resources_sm120a(tmp_path):
         assert static_smem + extra <= SMEM_LIMIT, (name, static_smem, extra)
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()}, "dynamic smem", dyn)
     assert any("sparse_decode_kernel" in n for n in seen) and any("combine" in n for n in seen)
+    assert any("sparse_decode_mma64_kernel" in n for n in seen)

@@ -234,28 +234,47 @@ sparse_decode_kernel(const SparseDecodeParams p) {
   }
 }
 
-// Merge split partials: grid (b*s_q, h_q), 128 threads x 4 dims.
+// Merge split partials: grid (b*s_q, h_q), 128 threads x 4 dims. Warp 0 reduces the split lse values
+// (all loads of a pass issued before any is used), then every thread sums its 4 dims over the splits
+// with independent loads (unrolled) instead of one dependent global round trip per split.
 __global__ void __launch_bounds__(128)
 sparse_decode_combine_kernel(const SparseDecodeParams p) {
+  __shared__ float lse_s;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // launched with programmatic stream serialization (PDL) after the split kernel: wait until that
+  // grid has completed and its partials are visible (no-op for a normal launch)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int64_t row = blockIdx.x;
   const int h = blockIdx.y;
   const int64_t bi = row / p.s_q, si = row - bi * p.s_q;
   const int64_t rows = p.b * p.s_q;
   const int ns = (int)p.num_splits;
-  float mx = -INFINITY;
-  for (int k = 0; k < ns; ++k) mx = fmaxf(mx, p.lse_part[((int64_t)k * rows + row) * p.h_q + h]);
+  const float* lp = p.lse_part + row * p.h_q + h;          // split k at lp[k * rows * h_q]
+  const int64_t kstride = rows * p.h_q;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float mx = -INFINITY;
+    for (int k = lane; k < ns; k += 32) mx = fmaxf(mx, lp[k * kstride]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    if (mx != -INFINITY)
+      for (int k = lane; k < ns; k += 32) sum += expf(lp[k * kstride] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) lse_s = mx == -INFINITY ? -INFINITY : mx + logf(sum);
+  }
+  __syncthreads();
+  const float lse = lse_s;
   const int d = threadIdx.x * 4;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  float lse = -INFINITY;
-  if (mx != -INFINITY) {
-    float sum = 0.f;
-    for (int k = 0; k < ns; ++k) sum += expf(p.lse_part[((int64_t)k * rows + row) * p.h_q + h] - mx);
-    lse = mx + logf(sum);
+  if (lse != -INFINITY) {
+    const float* op = p.o_part + (row * p.h_q + h) * kDim + d;   // split k at op[k * kstride * kDim]
+#pragma unroll 8
     for (int k = 0; k < ns; ++k) {
-      const int64_t pr = ((int64_t)k * rows + row) * p.h_q + h;
-      const float w = expf(p.lse_part[pr] - lse);
-      if (w == 0.f) continue;
-      float4 v = *(const float4*)(p.o_part + pr * kDim + d);
+      const float w = expf(lp[k * kstride] - lse);              // empty split: lse_k = -inf -> w = 0, o = 0
+      const float4 v = *(const float4*)(op + k * kstride * kDim);
       o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y);
       o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
     }

@@ -1,12 +1,15 @@
 // Instantiation + launcher of the sparse FP8 MLA decode kernels (see kernel.cuh).
 #include <atomic>
-#include "kernel_mma.cuh"
+#include <stdlib.h>
+#include <string.h>
+#include "kernel_mma64.cuh"
 
 namespace dsv4 {
 
 // cudaFuncSetAttribute once per device (not in the hot path; graph-capture safe afterwards:
 // the first call on a device happens at the first eager call, before any capture).
 static std::atomic<unsigned long long> g_smem_configured{0};
+static std::atomic<unsigned long long> g_pdl_ok{0};   // device supports PDL (cc >= 9.0)
 
 static cudaError_t ensure_smem_attr() {
   int dev = 0;
@@ -18,6 +21,13 @@ static cudaError_t ensure_smem_attr() {
   if (e != cudaSuccess) return e;
   e = cudaFuncSetAttribute(sparse_decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSmemBytes);
   if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(sparse_decode_mma64_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
+  if (e != cudaSuccess) return e;
+  int major = 0;
+  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e != cudaSuccess) return e;
+  const char* pdl_env = getenv("DSV4_SPARSE_DECODE_PDL");   // "0": plain launch of the combine kernel
+  if (major >= 9 && !(pdl_env != nullptr && strcmp(pdl_env, "0") == 0)) g_pdl_ok.fetch_or(bit, std::memory_order_release);
   g_smem_configured.fetch_or(bit, std::memory_order_release);
   return cudaSuccess;
 }
@@ -26,7 +36,13 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   cudaError_t e = ensure_smem_attr();
   if (e != cudaSuccess) return e;
   const int64_t rows = p.b * p.s_q;
-  if (p.impl == 1) {
+  if (p.impl == 2) {
+    // grid.x = row * head_blocks + head block (the head blocks of a row are adjacent: shared K rows hit L2)
+    const int64_t head_blocks = (p.h_q + kM64Heads - 1) / kM64Heads;
+    if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
+    dim3 grid((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits);
+    sparse_decode_mma64_kernel<<<grid, kM64Threads, kM64SmemBytes, stream>>>(p);
+  } else if (p.impl == 1) {
     const int head_tiles = (int)((p.h_q + kMmaHeads - 1) / kMmaHeads);
     dim3 grid((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits);
     sparse_decode_mma_kernel<<<grid, kMmaThreads, kMmaSmemBytes, stream>>>(p);
@@ -38,6 +54,24 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   e = cudaGetLastError();
   if (e != cudaSuccess || p.num_splits == 1) return e;
   dim3 grid2((unsigned)rows, (unsigned)p.h_q);
+  int dev = 0;
+  e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (g_pdl_ok.load(std::memory_order_acquire) & (1ull << (dev & 63))) {
+    // programmatic dependent launch: the combine grid is scheduled while the split grid drains and
+    // waits in griddepcontrol.wait (graph capture turns this into a programmatic edge)
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid2;
+    cfg.blockDim = dim3(128, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, sparse_decode_combine_kernel, p);
+  }
   sparse_decode_combine_kernel<<<grid2, 128, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -23,17 +23,32 @@ from ..errors import UnsupportedCase
 OP = "sparse_decode"
 D = 512
 TOKEN_BYTES = 584
-TOK_TILE = 32          # kTokTile in csrc/sparse_decode/kernel.cuh
-HEAD_TILE = {"simt": 16, "mma": 32}   # kHeadTile (kernel.cuh) / kMmaHeads (kernel_mma.cuh)
+TOK_TILE = 32          # kTokTile (kernel.cuh) = kM64Tok (kernel_mma64.cuh)
+# heads per block: kHeadTile (kernel.cuh) / kMmaHeads (kernel_mma.cuh) / kM64Heads (kernel_mma64.cuh)
+HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64}
+IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2}     # SparseDecodeParams.impl
 MAX_SPLITS = 64
-# Which kernel: "mma" (mma.sync tensor cores, default) or "simt" (the first, fp32-FMA version).
-# Read once at import.
+# Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
+#   "mma"   mma.sync, 32 heads/block (default)
+#   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async ring (all h_q; pads heads to 64)
+#   "auto"  mma64 for h_q > 32, else mma
+#   "simt"  the first fp32-FMA kernel
 import os as _os
 IMPL = _os.environ.get("DSV4_SPARSE_DECODE_IMPL", "mma").lower()
-if IMPL not in HEAD_TILE:
+if IMPL not in HEAD_TILE and IMPL != "auto":
     IMPL = "mma"
 
 _SM_COUNT = {}
+
+
+def resolve_impl(h_q: int, impl: Optional[str] = None) -> str:
+    """The kernel that runs for h_q heads ("auto" -> mma64 for h_q > 32, else mma)."""
+    impl = (impl or IMPL).lower()
+    if impl == "auto":
+        return "mma64" if h_q > 32 else "mma"
+    if impl not in HEAD_TILE:
+        _fail("impl", f"one of {sorted(HEAD_TILE) + ['auto']}", impl)
+    return impl
 
 
 def _sm_count(device: torch.device) -> int:
@@ -47,10 +62,24 @@ def _sm_count(device: torch.device) -> int:
 
 def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
                   impl: Optional[str] = None) -> Tuple[int, int]:
-    """(num_splits, split_tokens) from shapes only. Split the position list only when the grid
-    b*s_q*ceil(h_q/16) does not fill ~2 blocks per SM; each split gets whole token tiles."""
+    """(num_splits, split_tokens) from shapes only; each split gets whole 32-token tiles.
+    simt / mma: split the position list only when the grid does not fill ~2 blocks per SM.
+    mma64 (one block per SM): the split count minimising waves * (tiles per split + 1 for the
+    prologue) + 2 for the combine pass (in units of one token tile's time); more splits only when
+    that is >= 5% cheaper."""
+    impl = resolve_impl(h_q, impl)
     tiles = max(1, -(-total_positions // TOK_TILE))
-    blocks = b * s_q * (-(-h_q // HEAD_TILE[impl or IMPL]))
+    blocks = b * s_q * (-(-h_q // HEAD_TILE[impl]))
+    if impl == "mma64":
+        best = None
+        for s in range(1, min(MAX_SPLITS, tiles) + 1):
+            per = -(-tiles // s)
+            s_eff = -(-tiles // per)
+            waves = -(-blocks * s_eff // num_sms)
+            cost = waves * (per + 1) + (2 if s_eff > 1 else 0)
+            if best is None or cost < 0.95 * best[0]:      # more splits only for a clear gain
+                best = (cost, s_eff, per)
+        return best[1], best[2] * TOK_TILE
     splits = 1
     if blocks < 2 * num_sms:
         splits = min(MAX_SPLITS, tiles, max(1, -(-2 * num_sms // blocks)))
@@ -103,9 +132,10 @@ def _check_len(name, t, b, dev):
 
 
 def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, extra_indices=None,
-                  extra_topk_length=None, attn_sink=None, softmax_scale=None, head_dim_v=512):
+                  extra_topk_length=None, attn_sink=None, softmax_scale=None, head_dim_v=512, impl=None):
     """Returns (out [b, s_q, h_q, 512] bf16, lse [b, h_q, s_q] fp32; lse excludes attn_sink, +inf for
-    rows with no valid slot). See the module docstring for the exact semantics."""
+    rows with no valid slot). See the module docstring for the exact semantics. ``impl`` overrides
+    DSV4_SPARSE_DECODE_IMPL for this call (benches/tests)."""
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16 or q.dim() != 4 or q.shape[3] != D \
             or not q.is_cuda:
         _fail("q", "bf16 [b, s_q, h_q, 512] on a CUDA device", _desc(q))
@@ -141,7 +171,8 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
         return out, lse
     topk = indices.shape[2]
     extra_topk = extra_indices.shape[2] if has_extra else 0
-    splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, _sm_count(dev))
+    impl = resolve_impl(h_q, impl)
+    splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, _sm_count(dev), impl)
     if splits > 1:
         o_part = torch.empty((splits, b * s_q, h_q, D), dtype=torch.float32, device=dev)
         lse_part = torch.empty((splits, b * s_q, h_q), dtype=torch.float32, device=dev)
@@ -175,7 +206,7 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
         p.o_part, p.lse_part = o_part.data_ptr(), lse_part.data_ptr()
     p.b, p.s_q, p.h_q, p.num_splits, p.split_tokens = b, s_q, h_q, splits, split_tokens
     p.softmax_scale = scale
-    p.impl = 1 if IMPL == "mma" else 0
+    p.impl = IMPL_CODE[impl]
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
         rc = lib.dsv4_sparse_decode(p, stream)

@@ -1,0 +1,356 @@
+// Sparse FP8 MLA decode, version 3 ("mma64"): 64 heads per block, Q and O in registers, cp.async
+// ring of the raw 584-byte token rows. SM80+ ISA only (mma.sync m16n8k16 bf16, ldmatrix, cp.async),
+// shared by SM90 and SM120. Same contract and split-KV scheme as kernel.cuh / kernel_mma.cuh.
+//
+//   block = 8 warps (256 threads, one block per SM: ~240 registers/thread), kM64Heads = 64 heads
+//   (4 m16 tiles) of one (row, split); token tile kM64Tok = 32.
+//   per tile:
+//     cp.async: raw rows (576 B) + scale rows (8 B) of tile i+1 land in ring stage (i+1)%2 while
+//               tile i is computed; the slot indices of tile i+2 are loaded into registers.
+//     dequant:  warp c = 64-value chunk c (warp 7: RoPE copy), lane = token: ring -> Ks (bf16, exact).
+//     S = Q K^T: warp (mq = warp&3, kh = warp>>2) computes S[16 heads of mq, 32 tokens] over dims
+//               [256 kh, 256 kh + 256): Q A-fragments live in registers for the whole block (64 regs),
+//               K B-fragments via ldmatrix.x4 (each K element is read by 4 warps); kh = 1 hands its
+//               partial to kh = 0 through smem (Sx).
+//     softmax:  warps kh = 0, in registers (FlashAttention-2 style: a quad owns a head row, max by
+//               quad shuffles, per-lane partial row sums), P -> smem bf16, alpha -> smem.
+//     O += P V: warp w owns O[64 heads, dims 64w .. 64w+63] (128 fp32 registers); P A-fragments and
+//               V B-fragments (ldmatrix.x4.trans from Ks) are each read once per warp.
+#pragma once
+#include "kernel_mma.cuh"
+
+namespace dsv4 {
+
+constexpr int kM64Heads = 64;
+constexpr int kM64Threads = 256;
+constexpr int kM64Tok = 32;
+constexpr int kM64Stages = 2;                                   // cp.async ring depth
+constexpr int kM64StageData = kM64Tok * kRowBytes;              // 18432 B raw data rows
+constexpr int kM64StageScale = kM64Tok * kScaleBytes;           //   256 B scale rows
+constexpr int kM64StageBytes = kM64StageData + kM64StageScale + kM64Tok * 4;   // + valid flags = 18816 B
+constexpr int kSxPitch = kM64Tok + 8;                           // fp32 per Sx row (conflict-free float2)
+constexpr int kM64SmemRing = kM64Stages * kM64StageBytes;       // 37632 B
+constexpr int kM64SmemK = kM64Tok * kKPitch * 2;                // 33280 B (bf16 K/V tile, pitch 520)
+constexpr int kM64SmemSx = kM64Heads * kSxPitch * 4;            // 10240 B (partial S of warps kh = 1)
+constexpr int kM64SmemP = kM64Heads * kPPitch * 2;              //  5120 B (P, bf16, pitch 40)
+constexpr int kM64SmemStats = 3 * kM64Heads * 4;                //   768 B (alpha, final m, final l)
+constexpr int kM64SmemBytes = kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP + kM64SmemStats;  // 87040 B
+static_assert(kM64SmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
+static_assert(kM64Threads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
+static_assert(kM64StageBytes % 16 == 0, "ring stages must stay 16-byte aligned");
+
+__device__ __forceinline__ void cp_async16(void* smem_ptr, const void* gmem_ptr) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_ptr);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_ptr));
+}
+__device__ __forceinline__ void cp_async8(void* smem_ptr, const void* gmem_ptr) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_ptr);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem_ptr));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* smem_ptr) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(smem_ptr);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// two e4m3 (low byte first) * scale -> bf16x2 (exact: fp8 * 2^k fits bf16; one rounding as before)
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float s) {
+  __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
+  __half2 h;
+  *(__half2_raw*)&h = hr;
+  const float2 f = __half22float2(h);
+  __nv_bfloat162 b = __floats2bfloat162_rn(f.x * s, f.y * s);
+  return *(uint32_t*)&b;
+}
+
+// Slot of position pos of row (bi, si): >= 0 is a row of the main (pos < topk) or extra cache,
+// -1 when it does not count (beyond pos_end or the lengths, index -1 / < -1 / out of range).
+__device__ __forceinline__ int slot_index(const SparseDecodeParams& p, int64_t bi, int64_t si, int64_t pos,
+                                          int64_t pos_end, int64_t main_lim, int64_t extra_lim) {
+  if (pos >= pos_end) return -1;
+  int64_t idx, n;
+  if (pos < p.topk) {
+    if (pos >= main_lim) return -1;
+    idx = p.indices[bi * p.idx_stride_b + si * p.idx_stride_s + pos * p.idx_stride_k];
+    n = p.k_num_pages * p.k_page_size;
+  } else {
+    const int64_t e = pos - p.topk;
+    if (e >= extra_lim) return -1;
+    idx = p.extra_indices[bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s + e * p.extra_idx_stride_k];
+    n = p.extra_num_pages * p.extra_page_size;
+  }
+  return (idx < 0 || idx >= n) ? -1 : (int)idx;
+}
+
+__global__ void __launch_bounds__(kM64Threads, 1)
+sparse_decode_mma64_kernel(const SparseDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // let the combine kernel (PDL launch) get scheduled early; it waits for this grid's completion
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  unsigned char* ring = smem;
+  __nv_bfloat16* Ks = (__nv_bfloat16*)(smem + kM64SmemRing);
+  float* Sx = (float*)(smem + kM64SmemRing + kM64SmemK);
+  __nv_bfloat16* Ps = (__nv_bfloat16*)(smem + kM64SmemRing + kM64SmemK + kM64SmemSx);
+  float* As = (float*)(smem + kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP);
+  float* Mf = As + kM64Heads;
+  float* Lf = Mf + kM64Heads;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int mq = warp & 3, kh = warp >> 2;
+  const int head_blocks = (int)((p.h_q + kM64Heads - 1) / kM64Heads);
+  const int64_t row = blockIdx.x / head_blocks;
+  const int h0 = (int)(blockIdx.x - row * head_blocks) * kM64Heads;
+  const int64_t bi = row / p.s_q, si = row - bi * p.s_q;
+  const int split = blockIdx.z;
+  const int64_t total = p.topk + p.extra_topk;
+  const int64_t pos_begin = (int64_t)split * p.split_tokens;
+  const int64_t pos_end = min(total, pos_begin + p.split_tokens);
+  const int64_t ntiles = pos_end > pos_begin ? (pos_end - pos_begin + kM64Tok - 1) / kM64Tok : 0;
+  int64_t main_lim = p.topk, extra_lim = p.extra_topk;
+  if (p.topk_length != nullptr) main_lim = min(main_lim, (int64_t)p.topk_length[bi * p.topk_length_stride]);
+  if (p.extra_topk_length != nullptr)
+    extra_lim = min(extra_lim, (int64_t)p.extra_topk_length[bi * p.extra_topk_length_stride]);
+
+  // ---- cp.async issue: thread -> (token gn, part gj): data chunks gj + 8k (k < 4), 32 + gj (gj < 4),
+  //      scale row (gj == 7); valid flag (gj == 0).
+  const int gn = tid >> 3, gj = tid & 7;
+  auto issue = [&](int stage, int64_t t0, int idx) {
+    unsigned char* sb = ring + stage * kM64StageBytes;
+    if (gj == 0) ((int*)(sb + kM64StageData + kM64StageScale))[gn] = idx >= 0;
+    if (idx < 0) return;
+    const bool extra = t0 + gn >= p.topk;
+    const uint8_t* base = (const uint8_t*)(extra ? p.extra_k_cache : p.k_cache);
+    const int64_t pstride = extra ? p.extra_page_stride : p.k_page_stride;
+    const unsigned psize = (unsigned)(extra ? p.extra_page_size : p.k_page_size);
+    const unsigned page = (unsigned)idx / psize, r = (unsigned)idx - page * psize;
+    const uint8_t* pg = base + (int64_t)page * pstride;
+    const uint8_t* tok = pg + (int64_t)r * kRowBytes;
+    unsigned char* dst = sb + gn * kRowBytes;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cp_async16(dst + 16 * (gj + 8 * k), tok + 16 * (gj + 8 * k));
+    if (gj < 4) cp_async16(dst + 16 * (32 + gj), tok + 16 * (32 + gj));
+    if (gj == 7) cp_async8(sb + kM64StageData + gn * kScaleBytes, pg + (int64_t)psize * kRowBytes + (int64_t)r * kScaleBytes);
+  };
+  int nidx = -1;
+  if (ntiles > 0) issue(0, pos_begin, slot_index(p, bi, si, pos_begin + gn, pos_end, main_lim, extra_lim));
+  cp_async_commit();
+  if (ntiles > 1) nidx = slot_index(p, bi, si, pos_begin + kM64Tok + gn, pos_end, main_lim, extra_lim);
+
+  // ---- Q A-fragments (registers for the whole block): heads h0 + 16mq + g (+8), dims 256kh + 16ks + 2t4 (+8)
+  uint32_t qf[16][4];
+  {
+    const unsigned short* q = (const unsigned short*)p.q;
+    const int hl = h0 + mq * 16 + g, hh = hl + 8;
+    const int64_t qb = bi * p.q_stride_b + si * p.q_stride_s;
+    const unsigned short* ql = q + qb + (int64_t)hl * p.q_stride_h + 256 * kh + 2 * t4;
+    const unsigned short* qh = q + qb + (int64_t)hh * p.q_stride_h + 256 * kh + 2 * t4;
+    const bool vl = hl < p.h_q, vh = hh < p.h_q;
+#pragma unroll
+    for (int ks = 0; ks < 16; ++ks) {
+      const int d = 16 * ks;
+      qf[ks][0] = vl ? (uint32_t)__ldg(ql + d) | ((uint32_t)__ldg(ql + d + 1) << 16) : 0u;
+      qf[ks][1] = vh ? (uint32_t)__ldg(qh + d) | ((uint32_t)__ldg(qh + d + 1) << 16) : 0u;
+      qf[ks][2] = vl ? (uint32_t)__ldg(ql + d + 8) | ((uint32_t)__ldg(ql + d + 9) << 16) : 0u;
+      qf[ks][3] = vh ? (uint32_t)__ldg(qh + d + 8) | ((uint32_t)__ldg(qh + d + 9) << 16) : 0u;
+    }
+  }
+
+  const float scale2 = (float)(p.softmax_scale * 1.4426950408889634);
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;   // warps kh = 0: rows g, g + 8 of mq
+  float acc[4][8][4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
+
+  for (int64_t it = 0; it < ntiles; ++it) {
+    const int st = (int)(it & 1);
+    const int64_t t0 = pos_begin + it * kM64Tok;
+    if (it + 1 < ntiles) issue(st ^ 1, t0 + kM64Tok, nidx);
+    cp_async_commit();
+    if (it + 2 < ntiles) nidx = slot_index(p, bi, si, t0 + 2 * kM64Tok + gn, pos_end, main_lim, extra_lim);
+    cp_async_wait<1>();
+    __syncthreads();   // stage st landed for every thread; the previous tile's PV is done with Ks / Ps
+
+    const unsigned char* sb = ring + st * kM64StageBytes;
+    const int* vflag = (const int*)(sb + kM64StageData + kM64StageScale);
+    {  // ---- dequant: warp = chunk (0..6 fp8 NoPE, 7 RoPE), lane = token; rotated 16 B order (no conflicts)
+      const int n = lane, c = warp;
+      unsigned char* dst = (unsigned char*)(Ks + n * kKPitch + c * 64);
+      const unsigned char* src = sb + n * kRowBytes + c * 64;
+      if (!vflag[n]) {
+        const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ((uint4*)dst)[k] = z;
+      } else if (c < 7) {
+        const float s = ue8m0_to_float(sb[kM64StageData + n * kScaleBytes + c]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int kk = (k + (n >> 1)) & 3;
+          const uint4 raw = *(const uint4*)(src + 16 * kk);
+          uint4 o0, o1;
+          o0.x = e4m3x2_to_bf16x2(raw.x, s); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, s);
+          o0.z = e4m3x2_to_bf16x2(raw.y, s); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, s);
+          o1.x = e4m3x2_to_bf16x2(raw.z, s); o1.y = e4m3x2_to_bf16x2(raw.z >> 16, s);
+          o1.z = e4m3x2_to_bf16x2(raw.w, s); o1.w = e4m3x2_to_bf16x2(raw.w >> 16, s);
+          ((uint4*)dst)[2 * kk] = o0;
+          ((uint4*)dst)[2 * kk + 1] = o1;
+        }
+      } else {
+        const unsigned char* rs = sb + n * kRowBytes + kNope;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int kk = (k + (n >> 1)) & 7;
+          ((uint4*)dst)[kk] = *(const uint4*)(rs + 16 * kk);
+        }
+      }
+    }
+    __syncthreads();   // Ks ready
+
+    float sacc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+    {  // ---- S partial: heads 16mq.., tokens 8j.., dims 256kh + 16ks; ldmatrix.x4 = 2 k-steps of one n-tile
+      const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + 256 * kh + 8 * (lane >> 3);
+#pragma unroll
+      for (int ks = 0; ks < 16; ks += 2) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b[4];
+          ldmatrix_x4(b, kb + j * 8 * kKPitch + ks * 16);
+          mma_bf16_16816(sacc[j], qf[ks], b);
+          mma_bf16_16816(sacc[j], qf[ks + 1], b + 2);
+        }
+      }
+    }
+    if (kh == 1) {
+      float* sx = Sx + (mq * 16 + g) * kSxPitch + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *(float2*)(sx + 8 * j) = make_float2(sacc[j][0], sacc[j][1]);
+        *(float2*)(sx + 8 * kSxPitch + 8 * j) = make_float2(sacc[j][2], sacc[j][3]);
+      }
+    }
+    __syncthreads();   // partials of kh = 1 visible
+    if (kh == 0) {  // ---- online softmax in registers (fp32, base 2); l from fp32 P, PV uses P in bf16
+      const float* sx = Sx + (mq * 16 + g) * kSxPitch + 2 * t4;
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 lo = *(const float2*)(sx + 8 * j);
+        const float2 hi = *(const float2*)(sx + 8 * kSxPitch + 8 * j);
+        const bool v0 = vflag[8 * j + 2 * t4] != 0, v1 = vflag[8 * j + 2 * t4 + 1] != 0;
+        sacc[j][0] = v0 ? (sacc[j][0] + lo.x) * scale2 : -INFINITY;
+        sacc[j][1] = v1 ? (sacc[j][1] + lo.y) * scale2 : -INFINITY;
+        sacc[j][2] = v0 ? (sacc[j][2] + hi.x) * scale2 : -INFINITY;
+        sacc[j][3] = v1 ? (sacc[j][3] + hi.y) * scale2 : -INFINITY;
+        mx_lo = fmaxf(mx_lo, fmaxf(sacc[j][0], sacc[j][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(sacc[j][2], sacc[j][3]));
+      }
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+      const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+      const float al_lo = exp2f(m_lo - mu_lo), al_hi = exp2f(m_hi - mu_hi);
+      m_lo = mn_lo; m_hi = mn_hi;
+      float sum_lo = 0.f, sum_hi = 0.f;
+      __nv_bfloat16* pr = Ps + (mq * 16 + g) * kPPitch + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float e0 = exp2f(sacc[j][0] - mu_lo), e1 = exp2f(sacc[j][1] - mu_lo);
+        const float e2 = exp2f(sacc[j][2] - mu_hi), e3 = exp2f(sacc[j][3] - mu_hi);
+        sum_lo += e0 + e1;
+        sum_hi += e2 + e3;
+        *(__nv_bfloat162*)(pr + 8 * j) = __floats2bfloat162_rn(e0, e1);
+        *(__nv_bfloat162*)(pr + 8 * kPPitch + 8 * j) = __floats2bfloat162_rn(e2, e3);
+      }
+      l_lo = l_lo * al_lo + sum_lo;
+      l_hi = l_hi * al_hi + sum_hi;
+      if (t4 == 0) { As[mq * 16 + g] = al_lo; As[mq * 16 + g + 8] = al_hi; }
+    }
+    __syncthreads();   // P, alpha visible
+    {  // ---- O[64 heads, dims 64 warp ..] = O * alpha + P V
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float a_lo = As[m * 16 + g], a_hi = As[m * 16 + g + 8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          acc[m][n][0] *= a_lo; acc[m][n][1] *= a_lo; acc[m][n][2] *= a_hi; acc[m][n][3] *= a_hi;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kM64Tok; kk += 16) {
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+          ldmatrix_x4(pa[m], Ps + (m * 16 + (lane & 15)) * kPPitch + kk + 8 * (lane >> 4));
+        const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kKPitch + 64 * warp + 8 * (lane >> 4);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bb[4];
+          ldmatrix_x4_trans(bb, vrow + 16 * np);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            mma_bf16_16816(acc[m][2 * np], pa[m], bb);
+            mma_bf16_16816(acc[m][2 * np + 1], pa[m], bb + 2);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: final m, l of each head row -> smem; warp w writes dims 64w + 8n + 2t4 (+1)
+  if (kh == 0) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    if (t4 == 0) {
+      Mf[mq * 16 + g] = m_lo; Lf[mq * 16 + g] = l_lo;
+      Mf[mq * 16 + g + 8] = m_hi; Lf[mq * 16 + g + 8] = l_hi;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m * 16 + g + 8 * half;
+      const int h = h0 + r;
+      if (h >= p.h_q) continue;
+      const float l = Lf[r], mm = Mf[r];
+      const bool empty = !(l > 0.f);
+      const float lse = empty ? -INFINITY : (mm + log2f(l)) * 0.6931471805599453f;
+      float inv = empty ? 0.f : 1.f / l;
+      if (p.num_splits == 1) {
+        if (!empty && p.attn_sink != nullptr) inv *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
+        __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + 64 * warp + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *(__nv_bfloat162*)(o + 8 * n) =
+              __floats2bfloat162_rn(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+        if (warp == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = empty ? INFINITY : lse;
+      } else {
+        const int64_t prw = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
+        float* o = p.o_part + prw * kDim + 64 * warp + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *(float2*)(o + 8 * n) = make_float2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+        if (warp == 0 && t4 == 0) p.lse_part[prw] = lse;
+      }
+    }
+  }
+}
+
+}  // namespace dsv4
