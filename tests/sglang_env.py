@@ -28,6 +28,11 @@ def sglang_dir(version: str) -> str:
     d = os.path.join(WHEELS, f"sglang-{version}")
     if not os.path.isdir(os.path.join(d, "sglang")):
         pytest.skip(f"SGLang {version} sources not unpacked in {WHEELS}: run scripts/fetch_sglang_wheels.sh")
+    # the wheel's RECORD says the unpack was whole (a few files copied there, e.g. for a benchmark
+    # on the GPU machine, are not a wheel the patch tests can run against)
+    if not os.path.isfile(os.path.join(d, f"sglang-{version}.dist-info", "RECORD")):
+        pytest.skip(f"SGLang {version} in {d} is not a whole unpacked wheel (no dist-info/RECORD): "
+                    "run scripts/fetch_sglang_wheels.sh")
     return d
 
 
