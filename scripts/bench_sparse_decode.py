@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark the sparse FP8 MLA decode kernel (CUDA graphs, CUDA events, median of reps, rotating
 input sets) vs a torch GPU implementation (fp32 math) and SGLang 0.5.23's SM120 Triton fallback
-(flash_mla_sm120_triton.py loaded from .sglang/0.5.23/ or --sglang-triton), plus the byte/FLOP floor
+(flash_mla_sm120_triton.py from the 0.5.23 wheel that scripts/fetch_sglang_wheels.sh unpacks, or --sglang-triton), plus the byte/FLOP floor
 from copy bandwidth and a bf16 matmul rate measured in the same run. Writes JSON (+PNG) into --out."""
 import argparse
 import importlib.util
@@ -150,7 +150,8 @@ def main():
     ap.add_argument("--impls", default=IMPL,
                     help="comma list of kernels to time (simt, mma, mma64, auto); the first is 'ours'")
     ap.add_argument("--only", default="", help="b,h_q,s_q,extra: time just this shape (e.g. under ncu)")
-    ap.add_argument("--sglang-triton", default=os.path.join(ROOT, ".sglang/0.5.23/flash_mla_sm120_triton.py"))
+    ap.add_argument("--sglang-triton", default=os.path.join(
+        ROOT, ".sglang/sglang-0.5.23/sglang/kernels/ops/attention/flash_mla_sm120_triton.py"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda")
@@ -169,6 +170,8 @@ def main():
     bs = [1, 8, 32, 128, 1024] if not args.quick else [1, 128]
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     shapes = [(b, h_q, s_q, extra) for h_q in [64, 128] for s_q in [1, 2] for extra in [512, 2048] for b in bs]
+    # per-GPU heads at TP2/TP4 when q is not padded to 64: shows which kernel "auto" should pick there
+    shapes += [(b, h_q, 1, 512) for h_q in [16, 32] for b in [1, 128]]
     if args.only:
         shapes = [tuple(int(x) for x in args.only.split(","))]
     rows = []

@@ -119,7 +119,7 @@ def test_choose_splits_shapes_only():
             assert 1 <= n <= sd.MAX_SPLITS and per % 32 == 0 and (n - 1) * per < max(args[3], 1) <= n * per
     assert sd.choose_splits(1, 1, 64, 640, 132, impl="mma64")[0] > 1
     assert sd.choose_splits(128, 1, 64, 640, 132, impl="mma64")[0] == 1      # one wave already
-    assert sd.resolve_impl(64, "auto") == "mma64" and sd.resolve_impl(32, "auto") == "mma"
+    assert sd.resolve_impl(64, "auto") == "mma64" and sd.resolve_impl(8, "auto") == "mma64"
     with pytest.raises(UnsupportedCase, match="impl"):
         sd.resolve_impl(64, "nope")
 
@@ -247,6 +247,27 @@ def test_gpu_noncontiguous_q_indices_and_cache_dtype():
     a["q"], a["indices"] = q, idx
     a["k_cache"] = a["k_cache"].view(torch.float8_e4m3fn)
     _check(a, *_run(a))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["mma", "mma64"])
+@pytest.mark.parametrize("layout", ["odd_head_stride", "base_off_by_one"])
+def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
+    """q whose bf16 pairs are not 4-byte aligned (odd head stride, or a base one element off): the
+    kernels must not assume paired loads."""
+    a = _to_cuda(_case(b=2, s_q=2, h_q=64, topk=64, extra_topk=70, with_len=True, sink=True, seed=21))
+    if layout == "odd_head_stride":
+        qbig = torch.randn(2, 2, 64, 513, device="cuda").bfloat16()
+        q = qbig[..., :512]
+        assert q.stride(2) == 513
+    else:
+        flat = torch.randn(2 * 2 * 64 * 512 + 1, device="cuda").bfloat16()
+        q = flat[1:].view(2, 2, 64, 512)
+        assert q.data_ptr() % 4 == 2
+    a["q"] = q
+    out, lse = sd.sparse_decode(**a, impl=impl)
+    torch.cuda.synchronize()
+    _check(a, out, lse)
 
 
 @pytest.mark.gpu

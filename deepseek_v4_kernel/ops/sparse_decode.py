@@ -29,23 +29,29 @@ HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64}
 IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2}     # SparseDecodeParams.impl
 MAX_SPLITS = 64
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
-#   "mma"   mma.sync, 32 heads/block (default)
+#   "auto"  (default) mma64 for every h_q. On the H100 (docs/sparse_decode.md, run 5) mma64 is
+#           2.6-3x faster than mma at b >= 32, equal at b = 1 with h_q >= 64, and faster at h_q 16/32
+#           too although it pads those heads to 64 (b=128 h_q=16: 70 vs 116 us). SM120 unmeasured:
+#           DSV4_SPARSE_DECODE_IMPL=mma is the way back.
 #   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async ring (all h_q; pads heads to 64)
-#   "auto"  mma64 for h_q > 32, else mma
+#   "mma"   mma.sync, 32 heads/block
 #   "simt"  the first fp32-FMA kernel
 import os as _os
-IMPL = _os.environ.get("DSV4_SPARSE_DECODE_IMPL", "mma").lower()
+IMPL = _os.environ.get("DSV4_SPARSE_DECODE_IMPL", "auto").lower()
 if IMPL not in HEAD_TILE and IMPL != "auto":
-    IMPL = "mma"
+    import warnings as _warnings
+    _warnings.warn(f"{OP}: DSV4_SPARSE_DECODE_IMPL={IMPL!r} is not one of "
+                   f"{sorted(HEAD_TILE) + ['auto']}; using 'auto'", RuntimeWarning)
+    IMPL = "auto"
 
 _SM_COUNT = {}
 
 
 def resolve_impl(h_q: int, impl: Optional[str] = None) -> str:
-    """The kernel that runs for h_q heads ("auto" -> mma64 for h_q > 32, else mma)."""
+    """The kernel that runs for h_q heads ("auto" -> mma64; h_q is kept so the rule can depend on it)."""
     impl = (impl or IMPL).lower()
     if impl == "auto":
-        return "mma64" if h_q > 32 else "mma"
+        return "mma64"
     if impl not in HEAD_TILE:
         _fail("impl", f"one of {sorted(HEAD_TILE) + ['auto']}", impl)
     return impl
