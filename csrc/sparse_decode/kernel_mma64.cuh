@@ -1,21 +1,23 @@
 // Sparse FP8 MLA decode, version 3 ("mma64"): 64 heads per block, Q and O in registers, cp.async
-// ring of the raw 584-byte token rows. SM80+ ISA only (mma.sync m16n8k16 bf16, ldmatrix, cp.async),
-// shared by SM90 and SM120. Same contract and split-KV scheme as kernel.cuh / kernel_mma.cuh.
+// staging of the raw 584-byte token rows, double-buffered bf16 K/V tile. SM80+ ISA only (mma.sync
+// m16n8k16 bf16, ldmatrix, cp.async), shared by SM90 and SM120. Same contract and split-KV scheme as
+// kernel.cuh / kernel_mma.cuh.
 //
-//   block = 8 warps (256 threads, one block per SM: ~240 registers/thread), kM64Heads = 64 heads
-//   (4 m16 tiles) of one (row, split); token tile kM64Tok = 32.
-//   per tile:
-//     cp.async: raw rows (576 B) + scale rows (8 B) of tile i+1 land in ring stage (i+1)%2 while
-//               tile i is computed; the slot indices of tile i+2 are loaded into registers.
-//     dequant:  warp c = 64-value chunk c (warp 7: RoPE copy), lane = token: ring -> Ks (bf16, exact).
-//     S = Q K^T: warp (mq = warp&3, kh = warp>>2) computes S[16 heads of mq, 32 tokens] over dims
-//               [256 kh, 256 kh + 256): Q A-fragments live in registers for the whole block (64 regs),
-//               K B-fragments via ldmatrix.x4 (each K element is read by 4 warps); kh = 1 hands its
-//               partial to kh = 0 through smem (Sx).
-//     softmax:  warps kh = 0, in registers (FlashAttention-2 style: a quad owns a head row, max by
-//               quad shuffles, per-lane partial row sums), P -> smem bf16, alpha -> smem.
-//     O += P V: warp w owns O[64 heads, dims 64w .. 64w+63] (128 fp32 registers); P A-fragments and
-//               V B-fragments (ldmatrix.x4.trans from Ks) are each read once per warp.
+//   block = 8 warps (256 threads, one block per SM: ~250 registers/thread), kM64Heads = 64 heads
+//   (4 m16 tiles) of one (row, split); token tile kM64Tok = 32. Two barriers per tile:
+//     phase 1  S = Q K^T of tile i from K/V buffer i%2: warp (mq = warp&3, kh = warp>>2) computes
+//              S[16 heads of mq, 32 tokens] over dims [256 kh, 256 kh + 256); Q A-fragments live in
+//              registers for the whole block (64 regs), K B-fragments via ldmatrix.x4; kh = 1 hands its
+//              partial to kh = 0 through smem (Sx). Then every thread waits for its cp.async copies of
+//              tile i+1 (issued one phase 2 earlier).                                  -- barrier A
+//     phase 2  warps kh = 0: online softmax of tile i in registers (FlashAttention-2 style: a quad owns
+//              a head row, max by quad shuffles), P -> smem bf16, alpha -> smem;
+//              warps kh = 1 at the same time: dequantise tile i+1 from the staging rows into K/V buffer
+//              (i+1)%2 (exact), two 64-value chunks per warp, lane = token.              -- barrier B
+//     phase 3  cp.async of tile i+2's rows into the (now free) staging area, slot indices of tile i+3
+//              into registers; O += P V of tile i: warp w owns O[64 heads, dims 64w .. 64w+63]
+//              (128 fp32 registers), P via ldmatrix.x4, V via ldmatrix.x4.trans from buffer i%2.
+//   Barrier A of tile i+1 also orders phase 3 of tile i before the writes of P / K/V buffer i%2.
 #pragma once
 #include "kernel_mma.cuh"
 
@@ -24,20 +26,21 @@ namespace dsv4 {
 constexpr int kM64Heads = 64;
 constexpr int kM64Threads = 256;
 constexpr int kM64Tok = 32;
-constexpr int kM64Stages = 2;                                   // cp.async ring depth
 constexpr int kM64StageData = kM64Tok * kRowBytes;              // 18432 B raw data rows
 constexpr int kM64StageScale = kM64Tok * kScaleBytes;           //   256 B scale rows
 constexpr int kM64StageBytes = kM64StageData + kM64StageScale + kM64Tok * 4;   // + valid flags = 18816 B
 constexpr int kSxPitch = kM64Tok + 8;                           // fp32 per Sx row (conflict-free float2)
-constexpr int kM64SmemRing = kM64Stages * kM64StageBytes;       // 37632 B
-constexpr int kM64SmemK = kM64Tok * kKPitch * 2;                // 33280 B (bf16 K/V tile, pitch 520)
-constexpr int kM64SmemSx = kM64Heads * kSxPitch * 4;            // 10240 B (partial S of warps kh = 1)
+constexpr int kM64KTile = kM64Tok * kKPitch;                    // bf16 elements per K/V buffer
+constexpr int kM64SmemRing = kM64StageBytes;                    // 18816 B (one staging stage)
+constexpr int kM64SmemK = 2 * kM64KTile * 2;                    // 66560 B (two bf16 K/V tiles, pitch 520)
+constexpr int kM64SmemSx = kM64Heads * kSxPitch * 4;            // 10240 B (partial S of kh = 1; final m, l)
 constexpr int kM64SmemP = kM64Heads * kPPitch * 2;              //  5120 B (P, bf16, pitch 40)
-constexpr int kM64SmemStats = 3 * kM64Heads * 4;                //   768 B (alpha, final m, final l)
-constexpr int kM64SmemBytes = kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP + kM64SmemStats;  // 87040 B
+constexpr int kM64SmemStats = kM64Heads * 4 + 2 * kM64Tok * 4;  //   512 B (alpha; valid flags per K/V buffer)
+constexpr int kM64SmemBytes = kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP + kM64SmemStats;  // 101248 B
 static_assert(kM64SmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
 static_assert(kM64Threads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
-static_assert(kM64StageBytes % 16 == 0, "ring stages must stay 16-byte aligned");
+static_assert(kM64StageBytes % 16 == 0 && kM64SmemK % 16 == 0, "smem regions must stay 16-byte aligned");
+static_assert(2 * kM64Heads <= kM64Heads * kSxPitch, "final m, l alias the Sx region");
 
 __device__ __forceinline__ void cp_async16(void* smem_ptr, const void* gmem_ptr) {
   const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_ptr);
@@ -73,18 +76,22 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float s) {
 __device__ __forceinline__ int slot_index(const SparseDecodeParams& p, int64_t bi, int64_t si, int64_t pos,
                                           int64_t pos_end, int64_t main_lim, int64_t extra_lim) {
   if (pos >= pos_end) return -1;
+  // The index is loaded before the length test (pos < topk / e < extra_topk keeps it inside the
+  // indices tensor), so this load does not wait for the topk_length load behind main_lim/extra_lim:
+  // one dependent global round trip less on the b = 1 critical path.
   int64_t idx, n;
+  bool in_len;
   if (pos < p.topk) {
-    if (pos >= main_lim) return -1;
     idx = p.indices[bi * p.idx_stride_b + si * p.idx_stride_s + pos * p.idx_stride_k];
+    in_len = pos < main_lim;
     n = p.k_num_pages * p.k_page_size;
   } else {
     const int64_t e = pos - p.topk;
-    if (e >= extra_lim) return -1;
     idx = p.extra_indices[bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s + e * p.extra_idx_stride_k];
+    in_len = e < extra_lim;
     n = p.extra_num_pages * p.extra_page_size;
   }
-  return (idx < 0 || idx >= n) ? -1 : (int)idx;
+  return (!in_len || idx < 0 || idx >= n) ? -1 : (int)idx;
 }
 
 __global__ void __launch_bounds__(kM64Threads, 1)
@@ -94,13 +101,14 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   // let the combine kernel (PDL launch) get scheduled early; it waits for this grid's completion
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  unsigned char* ring = smem;
-  __nv_bfloat16* Ks = (__nv_bfloat16*)(smem + kM64SmemRing);
+  unsigned char* ring = smem;                                             // staging rows of one tile
+  __nv_bfloat16* Kb = (__nv_bfloat16*)(smem + kM64SmemRing);              // K/V buffers 0, 1
   float* Sx = (float*)(smem + kM64SmemRing + kM64SmemK);
   __nv_bfloat16* Ps = (__nv_bfloat16*)(smem + kM64SmemRing + kM64SmemK + kM64SmemSx);
   float* As = (float*)(smem + kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP);
-  float* Mf = As + kM64Heads;
-  float* Lf = Mf + kM64Heads;
+  int* Vf = (int*)(As + kM64Heads);                                       // valid flags per K/V buffer
+  float* Mf = Sx;                                                         // epilogue only (Sx is dead)
+  float* Lf = Sx + kM64Heads;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -122,8 +130,8 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   // ---- cp.async issue: thread -> (token gn, part gj): data chunks gj + 8k (k < 4), 32 + gj (gj < 4),
   //      scale row (gj == 7); valid flag (gj == 0).
   const int gn = tid >> 3, gj = tid & 7;
-  auto issue = [&](int stage, int64_t t0, int idx) {
-    unsigned char* sb = ring + stage * kM64StageBytes;
+  auto issue = [&](int64_t t0, int idx) {
+    unsigned char* sb = ring;
     if (gj == 0) ((int*)(sb + kM64StageData + kM64StageScale))[gn] = idx >= 0;
     if (idx < 0) return;
     const bool extra = t0 + gn >= p.topk;
@@ -140,9 +148,47 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     if (gj == 7) cp_async8(sb + kM64StageData + gn * kScaleBytes, pg + (int64_t)psize * kRowBytes + (int64_t)r * kScaleBytes);
   };
   int nidx = -1;
-  if (ntiles > 0) issue(0, pos_begin, slot_index(p, bi, si, pos_begin + gn, pos_end, main_lim, extra_lim));
+  if (ntiles > 0) issue(pos_begin, slot_index(p, bi, si, pos_begin + gn, pos_end, main_lim, extra_lim));
   cp_async_commit();
   if (ntiles > 1) nidx = slot_index(p, bi, si, pos_begin + kM64Tok + gn, pos_end, main_lim, extra_lim);
+
+  // ---- dequantise 64-value chunk c (0..6 fp8 NoPE, 7 RoPE copy) of every token (lane = token) from the
+  //      staging rows into K/V buffer buf; rotated 16 B order (no bank conflicts). Chunk 0 also copies
+  //      the valid flags of the tile next to that buffer.
+  auto dequant_chunk = [&](int c, int buf) {
+    const int n = lane;
+    const int* vflag = (const int*)(ring + kM64StageData + kM64StageScale);
+    const bool valid = vflag[n] != 0;
+    if (c == 0) Vf[buf * kM64Tok + n] = valid;
+    unsigned char* dst = (unsigned char*)(Kb + buf * kM64KTile + n * kKPitch + c * 64);
+    const unsigned char* src = ring + n * kRowBytes + c * 64;
+    if (!valid) {
+      const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ((uint4*)dst)[k] = z;
+    } else if (c < 7) {
+      const float sc = ue8m0_to_float(ring[kM64StageData + n * kScaleBytes + c]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int kk = (k + (n >> 1)) & 3;
+        const uint4 raw = *(const uint4*)(src + 16 * kk);
+        uint4 o0, o1;
+        o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
+        o0.z = e4m3x2_to_bf16x2(raw.y, sc); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, sc);
+        o1.x = e4m3x2_to_bf16x2(raw.z, sc); o1.y = e4m3x2_to_bf16x2(raw.z >> 16, sc);
+        o1.z = e4m3x2_to_bf16x2(raw.w, sc); o1.w = e4m3x2_to_bf16x2(raw.w >> 16, sc);
+        ((uint4*)dst)[2 * kk] = o0;
+        ((uint4*)dst)[2 * kk + 1] = o1;
+      }
+    } else {
+      const unsigned char* rs = ring + n * kRowBytes + kNope;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int kk = (k + (n >> 1)) & 7;
+        ((uint4*)dst)[kk] = *(const uint4*)(rs + 16 * kk);
+      }
+    }
+  };
 
   // ---- Q A-fragments (registers for the whole block): heads h0 + 16mq + g (+8), dims 256kh + 16ks + 2t4 (+8)
   uint32_t qf[16][4];
@@ -185,54 +231,28 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 #pragma unroll
     for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
 
-  for (int64_t it = 0; it < ntiles; ++it) {
-    const int st = (int)(it & 1);
-    const int64_t t0 = pos_begin + it * kM64Tok;
-    if (it + 1 < ntiles) issue(st ^ 1, t0 + kM64Tok, nidx);
+  // ---- prologue: tile 0 into K/V buffer 0 (all warps), then tile 1's rows into the staging area
+  if (ntiles > 0) {
+    cp_async_wait<0>();
+    __syncthreads();
+    dequant_chunk(warp, 0);
+    __syncthreads();   // buffer 0 ready, staging area free
+    if (ntiles > 1) issue(pos_begin + kM64Tok, nidx);
     cp_async_commit();
-    if (it + 2 < ntiles) nidx = slot_index(p, bi, si, t0 + 2 * kM64Tok + gn, pos_end, main_lim, extra_lim);
-    cp_async_wait<1>();
-    __syncthreads();   // stage st landed for every thread; the previous tile's PV is done with Ks / Ps
+    if (ntiles > 2) nidx = slot_index(p, bi, si, pos_begin + 2 * kM64Tok + gn, pos_end, main_lim, extra_lim);
+  }
 
-    const unsigned char* sb = ring + st * kM64StageBytes;
-    const int* vflag = (const int*)(sb + kM64StageData + kM64StageScale);
-    {  // ---- dequant: warp = chunk (0..6 fp8 NoPE, 7 RoPE), lane = token; rotated 16 B order (no conflicts)
-      const int n = lane, c = warp;
-      unsigned char* dst = (unsigned char*)(Ks + n * kKPitch + c * 64);
-      const unsigned char* src = sb + n * kRowBytes + c * 64;
-      if (!vflag[n]) {
-        const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) ((uint4*)dst)[k] = z;
-      } else if (c < 7) {
-        const float s = ue8m0_to_float(sb[kM64StageData + n * kScaleBytes + c]);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int kk = (k + (n >> 1)) & 3;
-          const uint4 raw = *(const uint4*)(src + 16 * kk);
-          uint4 o0, o1;
-          o0.x = e4m3x2_to_bf16x2(raw.x, s); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, s);
-          o0.z = e4m3x2_to_bf16x2(raw.y, s); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, s);
-          o1.x = e4m3x2_to_bf16x2(raw.z, s); o1.y = e4m3x2_to_bf16x2(raw.z >> 16, s);
-          o1.z = e4m3x2_to_bf16x2(raw.w, s); o1.w = e4m3x2_to_bf16x2(raw.w >> 16, s);
-          ((uint4*)dst)[2 * kk] = o0;
-          ((uint4*)dst)[2 * kk + 1] = o1;
-        }
-      } else {
-        const unsigned char* rs = sb + n * kRowBytes + kNope;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int kk = (k + (n >> 1)) & 7;
-          ((uint4*)dst)[kk] = *(const uint4*)(rs + 16 * kk);
-        }
-      }
-    }
-    __syncthreads();   // Ks ready
+  for (int64_t it = 0; it < ntiles; ++it) {
+    const int buf = (int)(it & 1);
+    const __nv_bfloat16* Ks = Kb + buf * kM64KTile;
+    const int* vf = Vf + buf * kM64Tok;
+    const bool has_next = it + 1 < ntiles;
 
+    // ---- phase 1: S partial: heads 16mq.., tokens 8j.., dims 256kh + 16ks; ldmatrix.x4 = 2 k-steps of one n-tile
     float sacc[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
-    {  // ---- S partial: heads 16mq.., tokens 8j.., dims 256kh + 16ks; ldmatrix.x4 = 2 k-steps of one n-tile
+    {
       const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + 256 * kh + 8 * (lane >> 3);
 #pragma unroll
       for (int ks = 0; ks < 16; ks += 2) {
@@ -253,15 +273,18 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
         *(float2*)(sx + 8 * kSxPitch + 8 * j) = make_float2(sacc[j][2], sacc[j][3]);
       }
     }
-    __syncthreads();   // partials of kh = 1 visible
-    if (kh == 0) {  // ---- online softmax in registers (fp32, base 2); l from fp32 P, PV uses P in bf16
+    cp_async_wait<0>();   // this thread's copies of tile it+1 have landed
+    __syncthreads();      // A: partials of kh = 1 and the staging rows of tile it+1 visible
+
+    // ---- phase 2: kh = 0 softmax of tile it; kh = 1 dequantises tile it+1 into the other buffer
+    if (kh == 0) {  // online softmax in registers (fp32, base 2); l from fp32 P, PV uses P in bf16
       const float* sx = Sx + (mq * 16 + g) * kSxPitch + 2 * t4;
       float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 lo = *(const float2*)(sx + 8 * j);
         const float2 hi = *(const float2*)(sx + 8 * kSxPitch + 8 * j);
-        const bool v0 = vflag[8 * j + 2 * t4] != 0, v1 = vflag[8 * j + 2 * t4 + 1] != 0;
+        const bool v0 = vf[8 * j + 2 * t4] != 0, v1 = vf[8 * j + 2 * t4 + 1] != 0;
         sacc[j][0] = v0 ? (sacc[j][0] + lo.x) * scale2 : -INFINITY;
         sacc[j][1] = v1 ? (sacc[j][1] + lo.y) * scale2 : -INFINITY;
         sacc[j][2] = v0 ? (sacc[j][2] + hi.x) * scale2 : -INFINITY;
@@ -291,9 +314,17 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       l_lo = l_lo * al_lo + sum_lo;
       l_hi = l_hi * al_hi + sum_hi;
       if (t4 == 0) { As[mq * 16 + g] = al_lo; As[mq * 16 + g + 8] = al_hi; }
+    } else if (has_next) {
+      dequant_chunk(2 * mq, buf ^ 1);
+      dequant_chunk(2 * mq + 1, buf ^ 1);
     }
-    __syncthreads();   // P, alpha visible
-    {  // ---- O[64 heads, dims 64 warp ..] = O * alpha + P V
+    __syncthreads();   // B: P, alpha, buffer buf^1 ready; staging area free
+
+    // ---- phase 3: rows of tile it+2 in flight during PV and the next S; O = O * alpha + P V
+    if (it + 2 < ntiles) issue(pos_begin + (it + 2) * kM64Tok, nidx);
+    cp_async_commit();
+    if (it + 3 < ntiles) nidx = slot_index(p, bi, si, pos_begin + (it + 3) * kM64Tok + gn, pos_end, main_lim, extra_lim);
+    {
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         const float a_lo = As[m * 16 + g], a_hi = As[m * 16 + g + 8];

@@ -29,11 +29,12 @@ HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64}
 IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2}     # SparseDecodeParams.impl
 MAX_SPLITS = 64
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
-#   "auto"  (default) mma64 for every h_q. On the H100 (docs/sparse_decode.md, run 5) mma64 is
-#           2.6-3x faster than mma at b >= 32, equal at b = 1 with h_q >= 64, and faster at h_q 16/32
+#   "auto"  (default) mma64 for every h_q. On the H100 (docs/sparse_decode.md, runs 5 and 9) mma64 is
+#           2.6-3x faster than mma at b >= 32, 1.1x at b = 1 with h_q >= 64, and faster at h_q 16/32
 #           too although it pads those heads to 64 (b=128 h_q=16: 70 vs 116 us). SM120 unmeasured:
 #           DSV4_SPARSE_DECODE_IMPL=mma is the way back.
-#   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async ring (all h_q; pads heads to 64)
+#   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async staging + double-buffered K/V tile
+#           (all h_q; pads heads to 64)
 #   "mma"   mma.sync, 32 heads/block
 #   "simt"  the first fp32-FMA kernel
 import os as _os
