@@ -22,14 +22,24 @@ from deepseek_v4_kernel.ops import fp4_moe as op  # noqa: E402
 H, I = 4096, 2048
 
 
-def configs(impl, labels=("decode", "mid", "prefill")):
-    """(label, c1, c2) of the picked configs of impl at DSV4 shapes (E=256, topk 6)."""
+SMS = 188  # RTX PRO 6000 Blackwell: the split-K choice at 1 token on an SM120 card
+
+
+def configs(impl, labels=("decode1", "decode", "mid", "prefill")):
+    """(label, c1, c2) of the picked configs of impl at DSV4 shapes (E=256, topk 6), with the
+    split-K that fp4_moe would choose (decode1 = 1 token: split)."""
     out = []
-    for label, M in (("decode", 32), ("mid", 1024), ("prefill", 8192)):
+    for label, M in (("decode1", 1), ("decode", 32), ("mid", 1024), ("prefill", 8192)):
         if label not in labels:
             continue
         c1, c2 = op._pick_config(M, 6, 256, I, H, impl)
         c1, c2 = op._finish_config(c1, c2, I, H)
+        S = M * 6
+        max_blocks = S // c1["BM"] + min(256, S)
+        c1["SPLIT_K"] = op.split_k(max_blocks * triton.cdiv(I, c1["BN"]), H, c1["BK"], SMS)
+        c2["SPLIT_K"] = 2 if label == "decode1" else 1   # fp4_moe splits gemm2 only on request
+        for c, K in ((c1, H), (c2, I)):
+            c["K_PER_SPLIT"] = triton.cdiv(triton.cdiv(K, c["BK"]), c["SPLIT_K"]) * c["BK"]
         out.append((label, c1, c2))
     return out
 
@@ -44,23 +54,27 @@ def compile_one(kernel, impl, c, arch, scale_f32=False):
     if kernel == "gemm1":
         fn = op._gemm1_kernel
         sig = dict(ptrs1)
+        if c["SPLIT_K"] > 1:
+            sig["h_ptr"] = "*fp32"
         ints = ["TOPK", "NUM_M", "stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_hm"]
         sig.update({k: "i32" for k in ints})
         sig["limit"] = "fp32"
-        const = dict(HID=H, INTER=I, SCALE_F32=scale_f32, SWIGLU=True)
+        sig["stride_ps"] = "i32"
+        const = dict(HID=H, INTER=I, SCALE_F32=scale_f32, SWIGLU=True, SPLIT_K=c["SPLIT_K"])
         div = list(ptrs1) + ["stride_xm", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_hm"]
     else:
         fn = op._gemm2_kernel
-        sig = dict(h_ptr="*bf16", w_ptr="*i8", s_ptr="*fp32" if scale_f32 else "*u8", y_ptr="*bf16",
+        sig = dict(h_ptr="*bf16", w_ptr="*i8", s_ptr="*fp32" if scale_f32 else "*u8",
+                   y_ptr="*fp32" if c["SPLIT_K"] > 1 else "*bf16",
                    tw_ptr="*fp32", sorted_ptr="*i32", block_expert_ptr="*i32", start_ptr="*i32",
                    counts_ptr="*i32")
-        ints = ["NUM_M", "stride_hm", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ym"]
+        ints = ["NUM_M", "stride_hm", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_ym", "stride_ys"]
         sig.update({k: "i32" for k in ints})
         const = dict(HID=H, INTER=I, SCALE_F32=scale_f32)
         div = [k for k in sig if k.endswith("_ptr")] + ["stride_hm", "stride_we", "stride_wn", "stride_se",
                                                           "stride_sn", "stride_ym"]
     const.update(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], IMPL=op._IMPL_CODE[impl],
-                 INTERP=False, DEQ_PTX=impl == "dequant")
+                 INTERP=False, DEQ_PTX=impl == "dequant", K_PER_SPLIT=c["K_PER_SPLIT"])
     sig.update({k: "constexpr" for k in const})
     k = triton.compile(ASTSource(fn, sig, const, _attrs(fn, div)), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
@@ -75,7 +89,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, action="append")
     ap.add_argument("--impls", default=",".join(op.IMPLS))
-    ap.add_argument("--labels", default="decode,mid,prefill")
+    ap.add_argument("--labels", default="decode1,decode,mid,prefill")
     ap.add_argument("--json")
     args = ap.parse_args()
     res = []

@@ -241,6 +241,31 @@ def test_config_override(device):
         op.fp4_moe(x, *w, tw, ids, config={"gemm1": {"BN": 24}})
 
 
+@pytest.mark.parametrize("sk1,sk2,swiglu", [(2, 1, None), (1, 3, 0.02), (4, 2, 0.02), (8, 8, None)])
+def test_split_k(device, sk1, sk2, swiglu):
+    """K split over grid axis 1: gemm1 partials finished by _swiglu_kernel (clamp after the sum),
+    gemm2 partials summed in _reduce_kernel; 8 splits of 2 (gemm1) / 1 (gemm2) K steps leave
+    splits with no step at all (they must add zeros). Odd I, dropped slots, rsf."""
+    M, H, I, E, k = 5, 64, 96, 6, 3
+    w = make_weights(E, H, I, device, seed=11)
+    tw, ids = make_routing(M, E, k, device, seed=11, drop=0.2)
+    x = (torch.randn(M, H, generator=torch.Generator().manual_seed(11)) * 3).bfloat16().to(device)
+    cfg = {"gemm1": {"BK": 32, "SPLIT_K": sk1}, "gemm2": {"BK": 32, "SPLIT_K": sk2}}
+    run_and_check(x, w, tw, ids, swiglu_limit=swiglu, rsf=1.5, config=cfg)
+    assert op.LAST_KERNELS["split_k"] == (sk1, sk2)
+    with pytest.raises(UnsupportedCase, match="SPLIT_K"):
+        op.fp4_moe(x, *w, tw, ids, config={"gemm2": {"SPLIT_K": 0}})
+
+
+def test_split_k_rule():
+    """Shapes only: split while the grid is under SPLIT_PROGRAMS_PER_SM per SM, >= 2 K steps each."""
+    assert op.split_k(384, 4096, 128, 132) == 4      # 1 token, gemm1 on an H100
+    assert op.split_k(768, 2048, 128, 132) == 2      # the rule alone (gemm2 uses it only on request)
+    assert op.split_k(3264, 4096, 128, 132) == 1     # 8 tokens: enough programs already
+    assert op.split_k(10, 256, 128, 132) == 1        # one K step per split would be left
+    assert op.split_k(1, 1 << 20, 128, 1000) == op.MAX_SPLIT_K
+
+
 # ----------------------------------------------------------------------------- error messages (CPU)
 def _args(device="cpu"):
     w13, s13, w2, s2 = make_weights(2, 64, 32, device)
@@ -311,6 +336,8 @@ def test_real_shapes(impl, case):
     run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=lim, rsf=1.5)
     c1, c2, used = op.LAST_KERNELS["config"]
     assert used == impl
+    if M == 1 and torch.cuda.get_device_properties(0).multi_processor_count >= 64:
+        assert op.LAST_KERNELS["split_k"][0] > 1, "1 token: gemm1 should run split-K"
     for name in ("gemm1", "gemm2"):
         kern = op.LAST_KERNELS[name]
         shared = kern.metadata.shared
@@ -343,20 +370,24 @@ def test_uint8_scales_same_as_float32(impl):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_capture_replay():
+@pytest.mark.parametrize("config", [None, {"gemm1": {"SPLIT_K": 3}, "gemm2": {"SPLIT_K": 2}},
+                                    {"gemm1": {"SPLIT_K": 1}, "gemm2": {"SPLIT_K": 1}}],
+                         ids=["default", "split", "nosplit"])
+def test_cuda_graph_capture_replay(config):
     E, H, I, M, k = 16, 4096, 1024, 8, 6
     w = _gpu_weights(E, H, I)
     x = torch.randn(M, H, device="cuda").bfloat16()
     tw, ids = make_routing(M, E, k, "cuda", seed=1)
     out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
-    op.fp4_moe(x, *w, tw, ids, swiglu_limit=10.0, routed_scaling_factor=1.5, out=out)  # compile
+    kw = dict(swiglu_limit=10.0, routed_scaling_factor=1.5, out=out, config=config)
+    op.fp4_moe(x, *w, tw, ids, **kw)  # compile
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         with torch.cuda.graph(g):
-            op.fp4_moe(x, *w, tw, ids, swiglu_limit=10.0, routed_scaling_factor=1.5, out=out)
+            op.fp4_moe(x, *w, tw, ids, **kw)
     torch.cuda.current_stream().wait_stream(s)
     for seed in (2, 3):  # new routing and activations in the same buffers
         tw2, ids2 = make_routing(M, E, k, "cuda", seed=seed, drop=0.2, skew=seed == 3)
@@ -386,8 +417,8 @@ def test_default_impl_by_capability():
 def sm120_aot():
     """Compile the picked tiles at DeepSeek-V4 shapes for sm_120a in a subprocess (the test
     process runs Triton in interpreter mode): mxfp8 (the cc >= 10 default at mid and prefill) at
-    every regime, the exact impls at decode (dequant is the cc >= 10 default there) and prefill
-    (their largest tiles)."""
+    every regime, the exact impls at decode (dequant is the cc >= 10 default there; "decode1" = 1
+    token, the split-K variants) and prefill (their largest tiles)."""
     import json
     import subprocess
     import sys
@@ -398,7 +429,7 @@ def sm120_aot():
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     script = os.path.join(root, "scripts", "aot_fp4_moe.py")
     recs = []
-    for impls, labels in (("mxfp8", "decode,mid,prefill"), ("dequant,dot_scaled", "decode,prefill")):
+    for impls, labels in (("mxfp8", "decode,mid,prefill"), ("dequant,dot_scaled", "decode1,decode,prefill")):
         r = subprocess.run([sys.executable, script, "--arch", "120", "--impls", impls,
                             "--labels", labels], env=env, capture_output=True, text=True,
                            timeout=600, cwd=root)
@@ -413,7 +444,8 @@ def sm120_aot():
 def test_sm120_aot_smem_and_instructions(sm120_aot):
     """<= 101376 B shared memory, mma.sync only (no wgmma/tcgen05, absent on SM120), and the
     mxfp8 impl lowers to the native block-scaled MMA (kind::mxf8f6f4)."""
-    assert len(sm120_aot) == 14
+    assert len(sm120_aot) == 18
+    assert all(d["config"]["SPLIT_K"] > 1 for d in sm120_aot if d["label"] == "decode1")
     for d in sm120_aot:
         assert "error" not in d, d
         assert d["shared"] <= op.SMEM_LIMIT, d

@@ -349,11 +349,17 @@ def _w_e4m3(wp, se, BN: tl.constexpr, BK: tl.constexpr):
 def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, start_ptr, counts_ptr,
                   TOPK, NUM_M, HID: tl.constexpr, INTER: tl.constexpr,
                   stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
-                  limit,
+                  limit, stride_ps,
                   SCALE_F32: tl.constexpr, SWIGLU: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                  IMPL: tl.constexpr, INTERP: tl.constexpr, DEQ_PTX: tl.constexpr = False):
+                  IMPL: tl.constexpr, INTERP: tl.constexpr, DEQ_PTX: tl.constexpr = False,
+                  SPLIT_K: tl.constexpr = 1, K_PER_SPLIT: tl.constexpr = 0):
+    """SPLIT_K == 1: h = clamp/SiLU(gate) * up, bf16 in h_ptr. SPLIT_K > 1 (grid axis 1 = K split):
+    fp32 partial gate | up sums of K range [pid_k * K_PER_SPLIT, + K_PER_SPLIT) into h_ptr as
+    [SPLIT_K, rows, 2 * INTER] (split stride stride_ps); _swiglu_kernel finishes them."""
     pid_m, pid_n = _tile_ids(NUM_M, INTER, BN, GROUP_M)
+    tl.static_assert(K_PER_SPLIT > 0 and K_PER_SPLIT % BK == 0)
+    k_lo = tl.program_id(1) * K_PER_SPLIT   # steps past HID (last / surplus splits) load nothing: masked
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
@@ -376,7 +382,8 @@ def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, star
     if IMPL == 0:
         acc_g = tl.zeros([BN, BM], dtype=tl.float32)
         acc_u = tl.zeros([BN, BM], dtype=tl.float32)
-        for k0 in range(0, HID, BK):
+        for kstep in range(0, K_PER_SPLIT, BK):  # constexpr trip count (the interpreter needs it)
+            k0 = k_lo + kstep
             pin = (k0 // 2 + kp) < HID // 2
             am = rvalid[:, None] & pin[None, :]
             ap = x_base + (k0 + 2 * kp)[None, :]
@@ -394,7 +401,8 @@ def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, star
         kk = tl.arange(0, BK)
         acc_gt = tl.zeros([BM, BN], dtype=tl.float32)
         acc_ut = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(0, HID, BK):
+        for kstep in range(0, K_PER_SPLIT, BK):  # constexpr trip count (the interpreter needs it)
+            k0 = k_lo + kstep
             a = tl.load(x_base + (k0 + kk)[None, :],
                         mask=rvalid[:, None] & ((k0 + kk) < HID)[None, :], other=0.0)
             pm = nmask[:, None] & ((k0 // 2 + kp) < HID // 2)[None, :]
@@ -414,22 +422,59 @@ def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, star
                 acc_ut = tl.dot_scaled(aq, asc, "e4m3", tl.trans(qu), qsu, "e4m3", acc_ut)
         acc_g = tl.trans(acc_gt)
         acc_u = tl.trans(acc_ut)
+    if SPLIT_K == 1:
+        if SWIGLU:
+            acc_g = tl.minimum(acc_g, limit)
+            acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        hp = h_ptr + rows[None, :].to(tl.int64) * stride_hm + n[:, None]
+        tl.store(hp, h.to(h_ptr.dtype.element_ty), mask=rvalid[None, :] & nmask[:, None])
+    else:
+        pp = (h_ptr + tl.program_id(1).to(tl.int64) * stride_ps + rows[None, :].to(tl.int64) * stride_hm
+              + n[:, None])
+        tl.store(pp, acc_g, mask=rvalid[None, :] & nmask[:, None])
+        tl.store(pp + INTER, acc_u, mask=rvalid[None, :] & nmask[:, None])
+
+
+@triton.jit
+def _swiglu_kernel(p_ptr, h_ptr, block_expert_ptr, start_ptr, counts_ptr, INTER, stride_ps, stride_pm,
+                   stride_hm, limit, SWIGLU: tl.constexpr, SPLIT_K: tl.constexpr, BM: tl.constexpr,
+                   BH: tl.constexpr):
+    """h[row] = clamp/SiLU(sum of the gate partials) * (sum of the up partials), valid rows only."""
+    r = tl.program_id(0)
+    e = tl.load(block_expert_ptr + r // BM)
+    if e < 0:
+        return
+    if r - tl.load(start_ptr + e) >= tl.load(counts_ptr + e):
+        return
+    n = tl.program_id(1) * BH + tl.arange(0, BH)
+    nm = n < INTER
+    base = p_ptr + r.to(tl.int64) * stride_pm + n
+    g = tl.zeros([BH], dtype=tl.float32)
+    u = tl.zeros([BH], dtype=tl.float32)
+    for sk in tl.static_range(SPLIT_K):
+        g += tl.load(base + sk * stride_ps, mask=nm, other=0.0)
+        u += tl.load(base + sk * stride_ps + INTER, mask=nm, other=0.0)
     if SWIGLU:
-        acc_g = tl.minimum(acc_g, limit)
-        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    hp = h_ptr + rows[None, :].to(tl.int64) * stride_hm + n[:, None]
-    tl.store(hp, h.to(h_ptr.dtype.element_ty), mask=rvalid[None, :] & nmask[:, None])
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    h = g / (1.0 + tl.exp(-g)) * u
+    tl.store(h_ptr + r.to(tl.int64) * stride_hm + n, h.to(h_ptr.dtype.element_ty), mask=nm)
 
 
 @triton.jit
 def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_ptr, start_ptr,
                   counts_ptr, NUM_M, HID: tl.constexpr, INTER: tl.constexpr,
-                  stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
+                  stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym, stride_ys,
                   SCALE_F32: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                  IMPL: tl.constexpr, INTERP: tl.constexpr, DEQ_PTX: tl.constexpr = False):
+                  IMPL: tl.constexpr, INTERP: tl.constexpr, DEQ_PTX: tl.constexpr = False,
+                  K_PER_SPLIT: tl.constexpr = 0):
+    """y[slot] = tw * h W2^T over K range [pid_k * K_PER_SPLIT, ...) (grid axis 1 = K split; split
+    pid_k writes at y_ptr + pid_k * stride_ys, summed by _reduce_kernel)."""
     pid_m, pid_n = _tile_ids(NUM_M, HID, BN, GROUP_M)
+    tl.static_assert(K_PER_SPLIT > 0 and K_PER_SPLIT % BK == 0)
+    k_lo = tl.program_id(1) * K_PER_SPLIT   # steps past INTER load nothing: masked
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
         return
@@ -448,7 +493,8 @@ def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_p
     ks = tl.arange(0, BK // 32)
     if IMPL == 0:
         acc = tl.zeros([BN, BM], dtype=tl.float32)
-        for k0 in range(0, INTER, BK):
+        for kstep in range(0, K_PER_SPLIT, BK):  # constexpr trip count (the interpreter needs it)
+            k0 = k_lo + kstep
             pin = (k0 // 2 + kp) < INTER // 2
             am = rvalid[:, None] & pin[None, :]
             ap = a_base + (k0 + 2 * kp)[None, :]
@@ -462,7 +508,8 @@ def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_p
     else:
         kk = tl.arange(0, BK)
         acc_t = tl.zeros([BM, BN], dtype=tl.float32)
-        for k0 in range(0, INTER, BK):
+        for kstep in range(0, K_PER_SPLIT, BK):  # constexpr trip count (the interpreter needs it)
+            k0 = k_lo + kstep
             a = tl.load(a_base + (k0 + kk)[None, :],
                         mask=rvalid[:, None] & ((k0 + kk) < INTER)[None, :], other=0.0)
             pm = nmask[:, None] & ((k0 // 2 + kp) < INTER // 2)[None, :]
@@ -478,13 +525,14 @@ def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_p
         acc = tl.trans(acc_t)
     tw = tl.load(tw_ptr + slot, mask=rvalid, other=0.0).to(tl.float32)
     acc = acc * tw[None, :]
-    yp = y_ptr + slot[None, :].to(tl.int64) * stride_ym + n[:, None]
+    yp = (y_ptr + tl.program_id(1).to(tl.int64) * stride_ys + slot[None, :].to(tl.int64) * stride_ym
+          + n[:, None])
     tl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=rvalid[None, :] & nmask[:, None])
 
 
 @triton.jit
-def _reduce_kernel(y_ptr, ids_ptr, out_ptr, HID, E, rsf, stride_ym, stride_om,
-                   TOPK: tl.constexpr, BH: tl.constexpr):
+def _reduce_kernel(y_ptr, ids_ptr, out_ptr, HID, E, rsf, stride_ym, stride_om, stride_ys,
+                   TOPK: tl.constexpr, BH: tl.constexpr, SPLIT_K: tl.constexpr = 1):
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BH + tl.arange(0, BH)
     nm = n < HID
@@ -492,13 +540,22 @@ def _reduce_kernel(y_ptr, ids_ptr, out_ptr, HID, E, rsf, stride_ym, stride_om,
     for k in tl.static_range(TOPK):
         idx = tl.load(ids_ptr + t * TOPK + k).to(tl.int32)
         ok = (idx >= 0) & (idx < E)
-        v = tl.load(y_ptr + (t * TOPK + k) * stride_ym + n, mask=nm & ok, other=0.0)
-        acc += v.to(tl.float32)
+        for sk in tl.static_range(SPLIT_K):  # fixed order: same result every run
+            v = tl.load(y_ptr + sk * stride_ys + (t * TOPK + k) * stride_ym + n, mask=nm & ok, other=0.0)
+            acc += v.to(tl.float32)
     tl.store(out_ptr + t * stride_om + n, (acc * rsf).to(out_ptr.dtype.element_ty), mask=nm)
 
 
 # --------------------------------------------------------------------------- configs
-_CFG_KEYS = ("BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages")
+_CFG_KEYS = ("BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
+# Split-K of gemm1 (grid axis 1) when it has too few programs to hide the weight stream's latency:
+# at 1 token only 6 experts are hit, 384 programs of 2 warps, ~6 warps per H100 SM (H100 profile:
+# gemm1 50 us = 34 % of its byte floor, vs 51 % at 8 tokens; 41 us with the split). The split
+# doubles until the grid reaches SPLIT_PROGRAMS_PER_SM programs per SM, keeping >= 2 K steps per
+# split (shapes only). gemm2 splits only when a config asks (see fp4_moe()).
+SPLIT_PROGRAMS_PER_SM = 8
+MAX_SPLIT_K = 8
+_NUM_SMS = {}
 
 
 # Tiles per impl and regime (H100 runs 1-3 sweeps, docs/fp4_moe.md): BM rows (tokens) per block,
@@ -537,6 +594,24 @@ def regime(M: int, topk: int, E: int) -> str:
     S = M * topk
     per_expert = S / max(1, min(E, S))
     return "decode" if per_expert <= 8 else ("mid" if per_expert <= 48 else "prefill")
+
+
+def split_k(programs: int, K: int, BK: int, num_sms: int) -> int:
+    """K splits for a GEMM grid of `programs` programs over K (see SPLIT_PROGRAMS_PER_SM)."""
+    sk = 1
+    while (sk < MAX_SPLIT_K and programs * sk < SPLIT_PROGRAMS_PER_SM * num_sms
+           and triton.cdiv(K, 2 * sk * BK) >= 2):
+        sk *= 2
+    return sk
+
+
+def _num_sms(dev) -> int:
+    if _interp() or dev.type != "cuda":
+        return 1
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _NUM_SMS:
+        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _NUM_SMS[idx]
 
 
 def _pick_config(M: int, topk: int, E: int, I: int, H: int, impl: str):
@@ -650,6 +725,9 @@ def _merge_config(c1, c2, config):
                 _err(f"config {k} must be a power of two >= 16, got {v}")
         if c["BK"] < 32:
             _err(f"config BK must be >= 32, got {c['BK']}")
+        sk = c.get("SPLIT_K")
+        if sk is not None and (not isinstance(sk, int) or not 1 <= sk <= 64):
+            _err(f"config SPLIT_K must be an int in [1, 64], got {sk!r}")
     return c1, c2
 
 
@@ -692,7 +770,6 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     sorted_slot = torch.empty(max_rows, dtype=torch.int32, device=dev)
     mid_dtype = torch.float32 if interp else torch.bfloat16
     hbuf = torch.empty(max_rows, inter, dtype=mid_dtype, device=dev)
-    ybuf = torch.empty(S, H, dtype=mid_dtype, device=dev)
     EP = max(16, triton.next_power_of_2(E))
     BB = 32
     if S <= SMALL_ROUTE_MAX_SLOTS:
@@ -719,29 +796,57 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     deq_ptx = (impl == "dequant" and not interp
                and os.environ.get("DSV4_FP4_MOE_DEQ_PTX", "1") != "0")
     swiglu = swiglu_limit is not None
-    g1 = (max_blocks * triton.cdiv(inter, c1["BN"]),)
-    k1 = _gemm1_kernel[g1](
-        hidden_states, w13, s13, hbuf, sorted_slot, block_expert, start, counts,
+    limit = float(swiglu_limit) if swiglu else 0.0
+    n1 = max_blocks * triton.cdiv(inter, c1["BN"])
+    n2 = max_blocks * triton.cdiv(H, c2["BN"])
+    nsm = _num_sms(dev)
+    sk1 = c1.get("SPLIT_K") or split_k(n1, H, c1["BK"], nsm)
+    # gemm2 (K = I, half of gemm1's) stays unsplit unless asked: on the H100 at 1 token a 2-way
+    # split measured 27.6 vs 26.0 us (its programs are short already; the per-program prologue of
+    # dependent routing loads dominates), while gemm1 went 49.8 -> 41.3 us with 4 splits
+    sk2 = c2.get("SPLIT_K") or 1
+    # whole BK steps per split (a step never straddles two splits); surplus splits get no steps
+    kps1 = triton.cdiv(triton.cdiv(H, c1["BK"]), sk1) * c1["BK"]
+    kps2 = triton.cdiv(triton.cdiv(inter, c2["BK"]), sk2) * c2["BK"]
+    if sk1 > 1:   # fp32 gate | up partials per split, finished by _swiglu_kernel
+        g_out = torch.empty(sk1, max_rows, 2 * inter, dtype=torch.float32, device=dev)
+        g_stride_m, g_stride_s = g_out.stride(1), g_out.stride(0)
+    else:
+        g_out, g_stride_m, g_stride_s = hbuf, hbuf.stride(0), 0
+    k1 = _gemm1_kernel[(n1, sk1)](
+        hidden_states, w13, s13, g_out, sorted_slot, block_expert, start, counts,
         topk, max_blocks, H, inter,
         hidden_states.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
-        hbuf.stride(0), float(swiglu_limit) if swiglu else 0.0,
+        g_stride_m, limit, g_stride_s,
         SCALE_F32=f13, SWIGLU=swiglu, BM=BM, BN=c1["BN"], BK=c1["BK"], GROUP_M=c1["GROUP_M"],
-        IMPL=code, INTERP=interp, DEQ_PTX=deq_ptx, num_warps=c1["num_warps"],
-        num_stages=c1["num_stages"])
-    g2 = (max_blocks * triton.cdiv(H, c2["BN"]),)
-    k2 = _gemm2_kernel[g2](
+        IMPL=code, INTERP=interp, DEQ_PTX=deq_ptx, SPLIT_K=sk1, K_PER_SPLIT=kps1,
+        num_warps=c1["num_warps"], num_stages=c1["num_stages"])
+    if sk1 > 1:
+        BHS = min(1024, triton.next_power_of_2(inter))
+        _swiglu_kernel[(max_rows, triton.cdiv(inter, BHS))](
+            g_out, hbuf, block_expert, start, counts, inter, g_out.stride(0), g_out.stride(1),
+            hbuf.stride(0), limit, SWIGLU=swiglu, SPLIT_K=sk1, BM=BM, BH=BHS)
+    if sk2 > 1:   # fp32 partial y per split, summed by _reduce_kernel
+        ybuf = torch.empty(sk2, S, H, dtype=torch.float32, device=dev)
+        y_stride_m, y_stride_s = ybuf.stride(1), ybuf.stride(0)
+    else:
+        ybuf = torch.empty(S, H, dtype=mid_dtype, device=dev)
+        y_stride_m, y_stride_s = ybuf.stride(0), 0
+    k2 = _gemm2_kernel[(n2, sk2)](
         hbuf, w2, s2_, ybuf, tw, sorted_slot, block_expert, start, counts, max_blocks, H, inter,
-        hbuf.stride(0), w2.stride(0), w2.stride(1), s2_.stride(0), s2_.stride(1), ybuf.stride(0),
+        hbuf.stride(0), w2.stride(0), w2.stride(1), s2_.stride(0), s2_.stride(1), y_stride_m, y_stride_s,
         SCALE_F32=f2, BM=BM, BN=c2["BN"], BK=c2["BK"], GROUP_M=c2["GROUP_M"], IMPL=code,
-        INTERP=interp, DEQ_PTX=deq_ptx, num_warps=c2["num_warps"], num_stages=c2["num_stages"])
+        INTERP=interp, DEQ_PTX=deq_ptx, K_PER_SPLIT=kps2,
+        num_warps=c2["num_warps"], num_stages=c2["num_stages"])
     BH = min(1024, triton.next_power_of_2(H))
     _reduce_kernel[(M, triton.cdiv(H, BH))](
         ybuf, ids, out, H, E,
         1.0 if routed_scaling_factor is None else float(routed_scaling_factor),
-        ybuf.stride(0), out.stride(0), TOPK=topk, BH=BH)
+        y_stride_m, out.stride(0), y_stride_s, TOPK=topk, BH=BH, SPLIT_K=sk2)
     LAST_KERNELS["gemm1"] = k1
     LAST_KERNELS["gemm2"] = k2
     LAST_KERNELS["config"] = (dict(c1), dict(c2), impl)
+    LAST_KERNELS["split_k"] = (sk1, sk2)
     return out
 
 
