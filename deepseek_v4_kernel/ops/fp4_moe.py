@@ -367,7 +367,9 @@ def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, star
     cnt = tl.load(counts_ptr + e)
     rows = pid_m * BM + tl.arange(0, BM)
     rvalid = (rows - st) < cnt
-    slot = tl.load(sorted_ptr + rows, mask=rvalid, other=0)
+    # unmasked (rows < max_rows: in bounds) so this load does not wait for start/counts; rows past
+    # the expert's count hold stale values, zeroed here and masked in every use
+    slot = tl.where(rvalid, tl.load(sorted_ptr + rows), 0)
     tok = (slot // TOPK).to(tl.int64)
     n = pid_n * BN + tl.arange(0, BN)
     nmask = n < INTER
@@ -386,15 +388,16 @@ def _gemm1_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, star
             k0 = k_lo + kstep
             pin = (k0 // 2 + kp) < HID // 2
             am = rvalid[:, None] & pin[None, :]
-            ap = x_base + (k0 + 2 * kp)[None, :]
-            a_ev = tl.load(ap, mask=am, other=0.0)
-            a_od = tl.load(ap + 1, mask=am, other=0.0)
             pm = nmask[:, None] & pin[None, :]
             sm = nmask[:, None] & ((k0 // 32 + ks) < HID // 32)[None, :]
+            # weights first: their addresses depend on the expert only, not on the routed rows
             wg = tl.load(wg_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
             wu = tl.load(wu_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
             sg = _scale_exp(sg_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
             su = _scale_exp(su_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
+            ap = x_base + (k0 + 2 * kp)[None, :]
+            a_ev = tl.load(ap, mask=am, other=0.0)
+            a_od = tl.load(ap + 1, mask=am, other=0.0)
             acc_g = _mma_swapped(acc_g, a_ev, a_od, wg, sg, BN, BK, INTERP, DEQ_PTX)
             acc_u = _mma_swapped(acc_u, a_ev, a_od, wu, su, BN, BK, INTERP, DEQ_PTX)
     else:
@@ -482,7 +485,9 @@ def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_p
     cnt = tl.load(counts_ptr + e)
     rows = pid_m * BM + tl.arange(0, BM)
     rvalid = (rows - st) < cnt
-    slot = tl.load(sorted_ptr + rows, mask=rvalid, other=0)
+    # unmasked (rows < max_rows: in bounds) so this load does not wait for start/counts; rows past
+    # the expert's count hold stale values, zeroed here and masked in every use
+    slot = tl.where(rvalid, tl.load(sorted_ptr + rows), 0)
     n = pid_n * BN + tl.arange(0, BN)
     nmask = n < HID
     e64 = e.to(tl.int64)
@@ -497,13 +502,13 @@ def _gemm2_kernel(h_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, block_expert_p
             k0 = k_lo + kstep
             pin = (k0 // 2 + kp) < INTER // 2
             am = rvalid[:, None] & pin[None, :]
-            ap = a_base + (k0 + 2 * kp)[None, :]
-            a_ev = tl.load(ap, mask=am, other=0.0)
-            a_od = tl.load(ap + 1, mask=am, other=0.0)
             pm = nmask[:, None] & pin[None, :]
             sm = nmask[:, None] & ((k0 // 32 + ks) < INTER // 32)[None, :]
             wp = tl.load(w_base + (k0 // 2 + kp)[None, :], mask=pm, other=0).to(tl.uint8, bitcast=True)
             se = _scale_exp(s_base + (k0 // 32 + ks)[None, :], sm, SCALE_F32)
+            ap = a_base + (k0 + 2 * kp)[None, :]
+            a_ev = tl.load(ap, mask=am, other=0.0)
+            a_od = tl.load(ap + 1, mask=am, other=0.0)
             acc = _mma_swapped(acc, a_ev, a_od, wp, se, BN, BK, INTERP, DEQ_PTX)
     else:
         kk = tl.arange(0, BK)
