@@ -271,6 +271,31 @@ def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["mma", "mma64"])
+def test_gpu_growing_scores_rescale(impl):
+    """Scores that grow along the position list (ascending rows: the running max moves on every
+    tile, the O rescale by alpha < 1 runs each time) or shrink (descending rows: alpha == 1 after
+    the first tile). 132 rows x 256 positions: one split, 8 tiles per block."""
+    g = torch.Generator().manual_seed(31)
+    n, b, topk = 512, 132, 256
+    d = torch.randn(512, generator=g)
+    d /= d.norm()
+    kv = d[None, :] * (0.04 * torch.arange(n, dtype=torch.float32)[:, None]) + 0.3 * torch.randn(n, 512, generator=g)
+    main = pack_fp8_ds_mla(kv, 64, None)
+    q = (d * 20)[None, None, None, :] + 0.5 * torch.randn(b, 1, 64, 512, generator=g)
+    order = torch.arange(topk, dtype=torch.int32) * 2
+    idx = torch.stack([order if i % 2 == 0 else order.flip(0) for i in range(b)])[:, None, :]
+    a = _to_cuda(dict(q=q.bfloat16(), k_cache=main, indices=idx.contiguous()))
+    assert sd.choose_splits(b, 1, 64, topk, sd._sm_count(torch.device("cuda")), impl)[0] == 1
+    out, lse = sd.sparse_decode(**a, impl=impl)
+    torch.cuda.synchronize()
+    scores = kv[idx[0, 0].long()] @ q[0, 0, 0].float() * 512 ** -0.5 * 1.4427   # log2 units, row 0
+    tile_max = scores.view(-1, 32).max(1).values
+    assert float(tile_max[-1] - tile_max[0]) > 16, tile_max    # the data really spreads the scores
+    _check(a, out, lse)
+
+
+@pytest.mark.gpu
 def test_gpu_shims_match_op():
     a = _to_cuda(_case(b=2, s_q=1, h_q=64, topk=64, extra_topk=128, with_len=True, with_extra_len=True, sink=True))
     o1, l1 = _run(a)
