@@ -34,12 +34,11 @@ def configs(impl, labels=("decode1", "decode", "mid", "prefill")):
             continue
         c1, c2 = op._pick_config(M, 6, 256, I, H, impl)
         c1, c2 = op._finish_config(c1, c2, I, H)
-        S = M * 6
-        max_blocks = S // c1["BM"] + min(256, S)
+        max_blocks = op.max_row_blocks(M * 6, c1["BM"], 256)
         c1["SPLIT_K"] = op.split_k(max_blocks * triton.cdiv(I, c1["BN"]), H, c1["BK"], SMS)
         c2["SPLIT_K"] = 2 if label == "decode1" else 1   # fp4_moe splits gemm2 only on request
         for c, K in ((c1, H), (c2, I)):
-            c["K_PER_SPLIT"] = triton.cdiv(triton.cdiv(K, c["BK"]), c["SPLIT_K"]) * c["BK"]
+            c["K_PER_SPLIT"] = op.k_per_split(K, c["BK"], c["SPLIT_K"])
         out.append((label, c1, c2))
     return out
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Benchmark the sparse FP8 MLA decode kernel (CUDA graphs, CUDA events, median of reps, rotating
 input sets) vs a torch GPU implementation (fp32 math) and SGLang 0.5.23's SM120 Triton fallback
-(flash_mla_sm120_triton.py from the 0.5.23 wheel that scripts/fetch_sglang_wheels.sh unpacks, or --sglang-triton), plus the byte/FLOP floor
-from copy bandwidth and a bf16 matmul rate measured in the same run. Writes JSON (+PNG) into --out."""
+(flash_mla_sm120_triton.py from the 0.5.23 wheel that scripts/fetch_sglang_wheels.sh unpacks, or
+--sglang-triton), plus the byte/FLOP floor from copy bandwidth and a bf16 matmul rate measured in
+the same run. Writes JSON (+PNG) into --out."""
 import argparse
 import importlib.util
 import json

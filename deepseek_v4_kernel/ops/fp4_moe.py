@@ -59,6 +59,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
+from deepseek_v4_kernel.ops._device import sm_count
 
 OP = "fp4_moe"
 SMEM_LIMIT = 101376
@@ -560,7 +561,6 @@ _CFG_KEYS = ("BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
 # split (shapes only). gemm2 splits only when a config asks (see fp4_moe()).
 SPLIT_PROGRAMS_PER_SM = 8
 MAX_SPLIT_K = 8
-_NUM_SMS = {}
 
 
 # Tiles per impl and regime (H100 runs 1-3 sweeps, docs/fp4_moe.md): BM rows (tokens) per block,
@@ -610,13 +610,15 @@ def split_k(programs: int, K: int, BK: int, num_sms: int) -> int:
     return sk
 
 
-def _num_sms(dev) -> int:
-    if _interp() or dev.type != "cuda":
-        return 1
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_SMS:
-        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _NUM_SMS[idx]
+def max_row_blocks(S: int, BM: int, E: int) -> int:
+    """Upper bound on the BM-row blocks of S slots over E experts, for any routing."""
+    return S // BM + min(E, S)
+
+
+def k_per_split(K: int, BK: int, splits: int) -> int:
+    """K range of one split: whole BK steps (a step never straddles two splits; surplus splits
+    get none)."""
+    return triton.cdiv(triton.cdiv(K, BK), splits) * BK
 
 
 def _pick_config(M: int, topk: int, E: int, I: int, H: int, impl: str):
@@ -765,7 +767,7 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     c1, c2 = _merge_config(c1, c2, config)
     c1, c2 = _finish_config(c1, c2, inter, H)
     BM = c1["BM"]
-    max_blocks = S // BM + min(E, S)
+    max_blocks = max_row_blocks(S, BM, E)
     max_rows = max_blocks * BM
 
     ids = topk_ids.contiguous().view(-1)
@@ -804,15 +806,13 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     limit = float(swiglu_limit) if swiglu else 0.0
     n1 = max_blocks * triton.cdiv(inter, c1["BN"])
     n2 = max_blocks * triton.cdiv(H, c2["BN"])
-    nsm = _num_sms(dev)
+    nsm = 1 if interp or dev.type != "cuda" else sm_count(dev)
     sk1 = c1.get("SPLIT_K") or split_k(n1, H, c1["BK"], nsm)
     # gemm2 (K = I, half of gemm1's) stays unsplit unless asked: on the H100 at 1 token a 2-way
     # split measured 27.6 vs 26.0 us (its programs are short already; the per-program prologue of
     # dependent routing loads dominates), while gemm1 went 49.8 -> 41.3 us with 4 splits
     sk2 = c2.get("SPLIT_K") or 1
-    # whole BK steps per split (a step never straddles two splits); surplus splits get no steps
-    kps1 = triton.cdiv(triton.cdiv(H, c1["BK"]), sk1) * c1["BK"]
-    kps2 = triton.cdiv(triton.cdiv(inter, c2["BK"]), sk2) * c2["BK"]
+    kps1, kps2 = k_per_split(H, c1["BK"], sk1), k_per_split(inter, c2["BK"], sk2)
     if sk1 > 1:   # fp32 gate | up partials per split, finished by _swiglu_kernel
         g_out = torch.empty(sk1, max_rows, 2 * inter, dtype=torch.float32, device=dev)
         g_stride_m, g_stride_s = g_out.stride(1), g_out.stride(0)

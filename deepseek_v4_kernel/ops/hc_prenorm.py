@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
+from deepseek_v4_kernel.ops._device import sm_count
 
 OP = "hc_prenorm"
 _KBLOCK = 64  # DeepGEMM's split granularity (BLOCK_K of its sm90/sm100 kernels)
@@ -227,11 +228,6 @@ def _desc(t) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     return f"{str(t.dtype).replace('torch.', '')} {list(t.shape)} on {t.device}"
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(dev_index: int) -> int:
-    return torch.cuda.get_device_properties(dev_index).multi_processor_count
 
 
 _COUNTERS: dict = {}
@@ -455,8 +451,7 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         return None
     bf16x2 = _precision()
     dev = x.device
-    num_sms = _num_sms(dev.index if dev.index is not None else torch.cuda.current_device()) \
-        if dev.type == "cuda" else 8
+    num_sms = sm_count(dev) if dev.type == "cuda" else 8
     cfg = choose_config(m, K, S, num_sms, _config, mma_kind(dev))
     if not cfg["fma"] and cfg["block_m"] < 16:
         raise UnsupportedCase(f"{OP}: _config block_m must be >= 16 for the MMA kernel, got {cfg}")

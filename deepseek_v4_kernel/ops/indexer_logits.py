@@ -20,7 +20,6 @@ with ``clean_logits=False`` columns past the length that no computed tile covers
 """
 from __future__ import annotations
 
-import functools
 import os
 from typing import Optional, Tuple
 
@@ -29,6 +28,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
+from deepseek_v4_kernel.ops._device import sm_count
 
 _HEAD_DIM = 128
 _BLOCK_KV = 64
@@ -52,16 +52,8 @@ def _bad(op: str, msg: str):
     raise UnsupportedCase(f"{op}: {msg}")
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return _num_sms(idx)
+    return sm_count(device) if device.type == "cuda" else 4
 
 
 @triton.jit

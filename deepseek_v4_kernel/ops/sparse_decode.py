@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import UnsupportedCase
+from ._device import sm_count as _sm_count  # noqa: F401  (benches/tests use sd._sm_count)
 
 OP = "sparse_decode"
 D = 512
@@ -45,9 +46,6 @@ if IMPL not in HEAD_TILE and IMPL != "auto":
                    f"{sorted(HEAD_TILE) + ['auto']}; using 'auto'", RuntimeWarning)
     IMPL = "auto"
 
-_SM_COUNT = {}
-
-
 def resolve_impl(h_q: int, impl: Optional[str] = None) -> str:
     """The kernel that runs for h_q heads ("auto" -> mma64; h_q is kept so the rule can depend on it)."""
     impl = (impl or IMPL).lower()
@@ -56,15 +54,6 @@ def resolve_impl(h_q: int, impl: Optional[str] = None) -> str:
     if impl not in HEAD_TILE:
         _fail("impl", f"one of {sorted(HEAD_TILE) + ['auto']}", impl)
     return impl
-
-
-def _sm_count(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    n = _SM_COUNT.get(idx)
-    if n is None:
-        n = torch.cuda.get_device_properties(idx).multi_processor_count
-        _SM_COUNT[idx] = n
-    return n
 
 
 def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
