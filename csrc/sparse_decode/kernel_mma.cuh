@@ -41,6 +41,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* smem_
 __global__ void __launch_bounds__(kMmaThreads)
 sparse_decode_mma_kernel(const SparseDecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  pdl_wait();
   __nv_bfloat16* Ks = (__nv_bfloat16*)smem;
   __nv_bfloat16* Qs = (__nv_bfloat16*)(smem + kMmaSmemK);
   float* Ss = (float*)(smem + kMmaSmemK + kMmaSmemQ);

@@ -97,10 +97,8 @@ __device__ __forceinline__ int slot_index(const SparseDecodeParams& p, int64_t b
 __global__ void __launch_bounds__(kM64Threads, 1)
 sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // let the combine kernel (PDL launch) get scheduled early; it waits for this grid's completion
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
+  pdl_wait();                // inputs written by the previous kernel of the stream are visible
   unsigned char* ring = smem;                                             // staging rows of one tile
   __nv_bfloat16* Kb = (__nv_bfloat16*)(smem + kM64SmemRing);              // K/V buffers 0, 1
   float* Sx = (float*)(smem + kM64SmemRing + kM64SmemK);
@@ -355,7 +353,17 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: final m, l of each head row -> smem; warp w writes dims 64w + 8n + 2t4 (+1)
+  // ---- epilogue: final m, l of each head row -> smem. The sink values of this thread's 8 head rows are
+  //      loaded before the barrier so that global round trip overlaps it (it used to sit inside the store
+  //      loop, one dependent load per row).
+  float sink[4][2];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = h0 + m * 16 + g + 8 * half;
+      sink[m][half] = (p.num_splits == 1 && p.attn_sink != nullptr && h < p.h_q) ? p.attn_sink[h] : 0.f;
+    }
   if (kh == 0) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
@@ -379,7 +387,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       const float lse = empty ? -INFINITY : (mm + log2f(l)) * 0.6931471805599453f;
       float inv = empty ? 0.f : 1.f / l;
       if (p.num_splits == 1) {
-        if (!empty && p.attn_sink != nullptr) inv *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
+        if (!empty && p.attn_sink != nullptr) inv *= 1.f / (1.f + expf(sink[m][half] - lse));
         __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + 64 * warp + 2 * t4;
 #pragma unroll
         for (int n = 0; n < 8; ++n)

@@ -26,54 +26,62 @@ static cudaError_t ensure_smem_attr() {
   int major = 0;
   e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e != cudaSuccess) return e;
-  const char* pdl_env = getenv("DSV4_SPARSE_DECODE_PDL");   // "0": plain launch of the combine kernel
+  const char* pdl_env = getenv("DSV4_SPARSE_DECODE_PDL");   // "0": plain launches (no PDL)
   if (major >= 9 && !(pdl_env != nullptr && strcmp(pdl_env, "0") == 0)) g_pdl_ok.fetch_or(bit, std::memory_order_release);
   g_smem_configured.fetch_or(bit, std::memory_order_release);
   return cudaSuccess;
 }
 
+// Launch with programmatic stream serialization when the device has PDL (every kernel here calls
+// pdl_wait() before touching global memory), else a plain launch. Under graph capture the attribute
+// becomes a programmatic edge.
+static cudaError_t launch(void (*kernel)(SparseDecodeParams), dim3 grid, int threads, int smem, bool pdl,
+                          cudaStream_t stream, const SparseDecodeParams& p) {
+  if (!pdl) {
+    kernel<<<grid, threads, smem, stream>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3((unsigned)threads, 1, 1);
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
   cudaError_t e = ensure_smem_attr();
   if (e != cudaSuccess) return e;
+  int dev = 0;
+  e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const bool pdl = (g_pdl_ok.load(std::memory_order_acquire) >> (dev & 63)) & 1ull;
   const int64_t rows = p.b * p.s_q;
+  if (p.num_splits > kMaxSplits) return cudaErrorInvalidValue;   // the combine kernel's limit
   if (p.impl == 2) {
     // grid.x = row * head_blocks + head block (the head blocks of a row are adjacent: shared K rows hit L2)
     const int64_t head_blocks = (p.h_q + kM64Heads - 1) / kM64Heads;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
-    dim3 grid((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits);
-    sparse_decode_mma64_kernel<<<grid, kM64Threads, kM64SmemBytes, stream>>>(p);
+    e = launch(sparse_decode_mma64_kernel, dim3((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits),
+               kM64Threads, kM64SmemBytes, pdl, stream, p);
   } else if (p.impl == 1) {
     const int head_tiles = (int)((p.h_q + kMmaHeads - 1) / kMmaHeads);
-    dim3 grid((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits);
-    sparse_decode_mma_kernel<<<grid, kMmaThreads, kMmaSmemBytes, stream>>>(p);
+    e = launch(sparse_decode_mma_kernel, dim3((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits),
+               kMmaThreads, kMmaSmemBytes, pdl, stream, p);
   } else {
     const int head_tiles = (int)((p.h_q + kHeadTile - 1) / kHeadTile);
-    dim3 grid((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits);
-    sparse_decode_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+    e = launch(sparse_decode_kernel, dim3((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits),
+               kThreads, kSmemBytes, pdl, stream, p);
   }
-  e = cudaGetLastError();
   if (e != cudaSuccess || p.num_splits == 1) return e;
-  dim3 grid2((unsigned)rows, (unsigned)p.h_q);
-  int dev = 0;
-  e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (g_pdl_ok.load(std::memory_order_acquire) & (1ull << (dev & 63))) {
-    // programmatic dependent launch: the combine grid is scheduled while the split grid drains and
-    // waits in griddepcontrol.wait (graph capture turns this into a programmatic edge)
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid2;
-    cfg.blockDim = dim3(128, 1, 1);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, sparse_decode_combine_kernel, p);
-  }
-  sparse_decode_combine_kernel<<<grid2, 128, 0, stream>>>(p);
-  return cudaGetLastError();
+  // the combine grid (PDL): scheduled while the split grid drains, waits in pdl_wait()
+  return launch(p.num_splits <= 4 ? sparse_decode_combine_kernel<4> : sparse_decode_combine_kernel<16>,
+                dim3((unsigned)rows, (unsigned)p.h_q), 128, 0, pdl, stream, p);
 }
 
 }  // namespace dsv4
