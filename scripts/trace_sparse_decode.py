@@ -52,7 +52,7 @@ __device__ __forceinline__ int trace_blk() { return (int)(blockIdx.z * gridDim.x
     # combine kernel: 13 entry, 14 after pdl_wait, 15 end
     _sub(k, r"^  pdl_launch_dependents\(\);   // the next decode", r"  if (threadIdx.x == 0) TR(13, gtime());\n\g<0>")
     _sub(k, r"^  const int64_t row = blockIdx.x;\n  const int h = blockIdx.y;", r"  if (threadIdx.x == 0) TR(14, gtime());\n\g<0>")
-    _sub(k, r"^(  if \(threadIdx\.x == 0\) p\.lse\[\(bi \* p\.h_q \+ h\) \* p\.s_q \+ si\] = lse == -INFINITY \? INFINITY : lse;\n)\}",
+    _sub(k, r"^(  if \(threadIdx\.x == 0\) p\.lse\[\(bi \* p\.h_q \+ h\) \* p\.s_q \+ si\] = lse_out\(lse\);\n)\}",
          r"\1  if (threadIdx.x == 0) TR(15, gtime());\n}")
     m = os.path.join(dst, "sparse_decode/kernel_mma64.cuh")
     _sub(m, r"^  float\* Lf = Sx \+ kM64Heads;", r"\g<0>\n  if (threadIdx.x == 0) TR(0, gtime());\n"

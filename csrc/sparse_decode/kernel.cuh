@@ -60,35 +60,81 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Resolve position p of the concatenated [main | extra] list of row (bi, si).
-// Returns the token's data pointer or nullptr when the slot does not count.
-__device__ __forceinline__ const uint8_t* resolve_slot(const SparseDecodeParams& p, int64_t bi,
-                                                       int64_t si, int64_t pos,
-                                                       const uint8_t** scale_ptr) {
-  const uint8_t* base;
-  int64_t page_stride, page_size, num_pages, idx;
+// ---- slot resolution, shared by all kernels --------------------------------------------------
+// Valid-position limits of batch row bi: positions [0, main_lim) of the main list and [0, extra_lim)
+// of the extra list count (topk_length / extra_topk_length clipped to the list lengths).
+__device__ __forceinline__ void slot_limits(const SparseDecodeParams& p, int64_t bi, int64_t* main_lim,
+                                            int64_t* extra_lim) {
+  *main_lim = p.topk;
+  *extra_lim = p.extra_topk;
+  if (p.topk_length != nullptr) *main_lim = min(*main_lim, (int64_t)p.topk_length[bi * p.topk_length_stride]);
+  if (p.extra_topk_length != nullptr)
+    *extra_lim = min(*extra_lim, (int64_t)p.extra_topk_length[bi * p.extra_topk_length_stride]);
+}
+
+// Slot of position pos of the concatenated [main topk | extra topk] list of row (bi, si): >= 0 is a
+// token of the main (pos < topk) or extra cache, -1 when the position does not count (pos >= pos_end,
+// beyond the lengths, index -1 / < -1 / >= num_pages * page_size).
+// The index is loaded before the length test (pos < topk / e < extra_topk keeps it inside the indices
+// tensor), so this load does not wait for the topk_length load behind main_lim / extra_lim: one
+// dependent global round trip less on the b = 1 critical path.
+__device__ __forceinline__ int slot_index(const SparseDecodeParams& p, int64_t bi, int64_t si, int64_t pos,
+                                          int64_t pos_end, int64_t main_lim, int64_t extra_lim) {
+  if (pos >= pos_end) return -1;
+  int64_t idx, n;
+  bool in_len;
   if (pos < p.topk) {
-    if (p.topk_length != nullptr && pos >= (int64_t)p.topk_length[bi * p.topk_length_stride])
-      return nullptr;
     idx = p.indices[bi * p.idx_stride_b + si * p.idx_stride_s + pos * p.idx_stride_k];
-    base = (const uint8_t*)p.k_cache;
-    page_stride = p.k_page_stride; page_size = p.k_page_size; num_pages = p.k_num_pages;
+    in_len = pos < main_lim;
+    n = p.k_num_pages * p.k_page_size;
   } else {
-    int64_t e = pos - p.topk;
-    if (e >= p.extra_topk) return nullptr;
-    if (p.extra_topk_length != nullptr &&
-        e >= (int64_t)p.extra_topk_length[bi * p.extra_topk_length_stride])
-      return nullptr;
-    idx = p.extra_indices[bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s +
-                          e * p.extra_idx_stride_k];
-    base = (const uint8_t*)p.extra_k_cache;
-    page_stride = p.extra_page_stride; page_size = p.extra_page_size; num_pages = p.extra_num_pages;
+    const int64_t e = pos - p.topk;
+    idx = p.extra_indices[bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s + e * p.extra_idx_stride_k];
+    in_len = e < extra_lim;
+    n = p.extra_num_pages * p.extra_page_size;
   }
-  if (idx < 0 || idx >= num_pages * page_size) return nullptr;
-  int64_t page = idx / page_size, row = idx - page * page_size;
-  const uint8_t* pg = base + page * page_stride;
-  *scale_ptr = pg + page_size * kRowBytes + row * kScaleBytes;
-  return pg + row * kRowBytes;
+  return (!in_len || idx < 0 || idx >= n) ? -1 : (int)idx;
+}
+
+// Data row (576 B) of valid slot idx of the main or the extra cache; *scale_row = its 8-byte scale row
+// (after the page's page_size data rows). 32-bit page / row arithmetic (idx < 2^31).
+__device__ __forceinline__ const uint8_t* token_row(const SparseDecodeParams& p, bool extra, int idx,
+                                                    const uint8_t** scale_row) {
+  const uint8_t* base = (const uint8_t*)(extra ? p.extra_k_cache : p.k_cache);
+  const int64_t pstride = extra ? p.extra_page_stride : p.k_page_stride;
+  const unsigned psize = (unsigned)(extra ? p.extra_page_size : p.k_page_size);
+  const unsigned page = (unsigned)idx / psize, r = (unsigned)idx - page * psize;
+  const uint8_t* pg = base + (int64_t)page * pstride;
+  *scale_row = pg + (int64_t)psize * kRowBytes + (int64_t)r * kScaleBytes;
+  return pg + (int64_t)r * kRowBytes;
+}
+
+// Token row of position pos (< pos_end) of row (bi, si), or nullptr when the position does not count.
+__device__ __forceinline__ const uint8_t* resolve_slot(const SparseDecodeParams& p, int64_t bi, int64_t si,
+                                                       int64_t pos, int64_t pos_end, int64_t main_lim,
+                                                       int64_t extra_lim, const uint8_t** scale_row) {
+  const int idx = slot_index(p, bi, si, pos, pos_end, main_lim, extra_lim);
+  return idx < 0 ? nullptr : token_row(p, pos >= p.topk, idx, scale_row);
+}
+
+// ---- final per-head-row arithmetic, shared by all kernels and the combine -------------------------
+// attn_sink enters the denominator only: out = O / (l + exp(sink)) = (O / l) * sink_factor(sink, lse).
+__device__ __forceinline__ float sink_factor(float sink, float lse) { return 1.f / (1.f + expf(sink - lse)); }
+// lse as returned: a row with no valid slot ("lonely", lse = -inf inside) is reported as +inf.
+__device__ __forceinline__ float lse_out(float lse) { return lse == -INFINITY ? INFINITY : lse; }
+// From a block's running max m2 (base 2, scaled) and sum l of one head row: lse (natural log; -inf when
+// empty) and the factor for O: 1/l (0 when empty), times the sink factor when with_sink (the block
+// writes the final output, no split, and a sink is given).
+struct RowFinal {
+  float lse, inv;
+};
+__device__ __forceinline__ RowFinal finalize_row(float m2, float l, bool with_sink, float sink) {
+  const bool empty = !(l > 0.f);
+  RowFinal f;
+  f.lse = empty ? -INFINITY : (m2 + log2f(l)) * 0.6931471805599453f;
+  f.inv = empty ? 0.f : 1.f / l;
+  if (!empty && with_sink) f.inv *= sink_factor(sink, f.lse);
+  return f;
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -111,6 +157,8 @@ sparse_decode_kernel(const SparseDecodeParams p) {
   const int64_t total = p.topk + p.extra_topk;
   const int64_t pos_begin = (int64_t)split * p.split_tokens;
   const int64_t pos_end = min(total, pos_begin + p.split_tokens);
+  int64_t main_lim, extra_lim;
+  slot_limits(p, bi, &main_lim, &extra_lim);
 
   // Q tile -> smem (heads beyond h_q are zero rows; scalar loads: any even/odd stride works).
   const __nv_bfloat16* q = (const __nv_bfloat16*)p.q;
@@ -137,7 +185,7 @@ sparse_decode_kernel(const SparseDecodeParams p) {
       const int n = tid >> 3, c = tid & 7;
       const int64_t pos = t0 + n;
       const uint8_t* sp = nullptr;
-      const uint8_t* tok = pos < pos_end ? resolve_slot(p, bi, si, pos, &sp) : nullptr;
+      const uint8_t* tok = resolve_slot(p, bi, si, pos, pos_end, main_lim, extra_lim, &sp);
       __nv_bfloat16* dst = Ks + n * kKPitch + c * 64;
       if (c == 0) Vs[n] = tok != nullptr;
       if (tok == nullptr) {
@@ -229,18 +277,16 @@ sparse_decode_kernel(const SparseDecodeParams p) {
   // ---- epilogue
   const int h = h0 + pr;
   if (h >= p.h_q) return;
-  const float l = Ls[pr], m = Ms[pr];
-  const bool empty = !(l > 0.f);
-  const float lse = empty ? -INFINITY : (m + log2f(l)) * 0.6931471805599453f;
-  float inv = empty ? 0.f : 1.f / l;
+  const bool with_sink = p.num_splits == 1 && p.attn_sink != nullptr;
+  const RowFinal f = finalize_row(Ms[pr], Ls[pr], with_sink, with_sink ? p.attn_sink[h] : 0.f);
+  const float lse = f.lse, inv = f.inv;
   if (p.num_splits == 1) {
-    if (!empty && p.attn_sink != nullptr) inv *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
     __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       ((__nv_bfloat162*)o)[pc + 16 * j] = __floats2bfloat162_rn(acc[2 * j] * inv, acc[2 * j + 1] * inv);
     }
-    if (pc == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = empty ? INFINITY : lse;
+    if (pc == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
   } else {
     const int64_t prow = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
     float* o = p.o_part + prow * kDim;
@@ -305,7 +351,7 @@ sparse_decode_combine_kernel(const SparseDecodeParams p) {
     }
   }
   if (lse != -INFINITY && p.attn_sink != nullptr) {
-    const float f = 1.f / (1.f + expf(sink - lse));
+    const float f = sink_factor(sink, lse);
     o.x *= f; o.y *= f; o.z *= f; o.w *= f;
   }
   __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
@@ -313,7 +359,7 @@ sparse_decode_combine_kernel(const SparseDecodeParams p) {
   u.x = *(uint32_t*)&lo;
   u.y = *(uint32_t*)&hi;
   *(uint2*)((__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + threadIdx.x * 4) = u;
-  if (threadIdx.x == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse == -INFINITY ? INFINITY : lse;
+  if (threadIdx.x == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
 }
 
 }  // namespace dsv4

@@ -61,6 +61,8 @@ sparse_decode_mma_kernel(const SparseDecodeParams p) {
   const int64_t total = p.topk + p.extra_topk;
   const int64_t pos_begin = (int64_t)split * p.split_tokens;
   const int64_t pos_end = min(total, pos_begin + p.split_tokens);
+  int64_t main_lim, extra_lim;
+  slot_limits(p, bi, &main_lim, &extra_lim);
 
   const __nv_bfloat16* q = (const __nv_bfloat16*)p.q;
   for (int i = tid; i < kMmaHeads * kDim; i += kMmaThreads) {
@@ -86,7 +88,7 @@ sparse_decode_mma_kernel(const SparseDecodeParams p) {
   auto load_raw = [&](int64_t t0) {
     const int64_t pos = t0 + gn;
     const uint8_t* sp = nullptr;
-    const uint8_t* tok = pos < pos_end ? resolve_slot(p, bi, si, pos, &sp) : nullptr;
+    const uint8_t* tok = resolve_slot(p, bi, si, pos, pos_end, main_lim, extra_lim, &sp);
     gvalid = tok != nullptr;
     if (gvalid) {
       if (gc < 7) {
@@ -221,17 +223,15 @@ sparse_decode_mma_kernel(const SparseDecodeParams p) {
     const int r = mt * 16 + g + 8 * half;
     const int h = h0 + r;
     if (h >= p.h_q) continue;
-    const float l = Ls[r], m = Ms[r];
-    const bool empty = !(l > 0.f);
-    const float lse = empty ? -INFINITY : (m + log2f(l)) * 0.6931471805599453f;
-    float inv = empty ? 0.f : 1.f / l;
+    const bool with_sink = p.num_splits == 1 && p.attn_sink != nullptr;
+    const RowFinal f = finalize_row(Ms[r], Ls[r], with_sink, with_sink ? p.attn_sink[h] : 0.f);
+    const float lse = f.lse, inv = f.inv;
     if (p.num_splits == 1) {
-      if (!empty && p.attn_sink != nullptr) inv *= 1.f / (1.f + expf(p.attn_sink[h] - lse));
       __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + wn * 128 + 2 * t4;
 #pragma unroll
       for (int j = 0; j < 16; ++j)
         *(__nv_bfloat162*)(o + j * 8) = __floats2bfloat162_rn(acc[j][2 * half] * inv, acc[j][2 * half + 1] * inv);
-      if (wn == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = empty ? INFINITY : lse;
+      if (wn == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
     } else {
       const int64_t prw = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
       float* o = p.o_part + prw * kDim + wn * 128 + 2 * t4;

@@ -71,29 +71,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float s) {
   return *(uint32_t*)&b;
 }
 
-// Slot of position pos of row (bi, si): >= 0 is a row of the main (pos < topk) or extra cache,
-// -1 when it does not count (beyond pos_end or the lengths, index -1 / < -1 / out of range).
-__device__ __forceinline__ int slot_index(const SparseDecodeParams& p, int64_t bi, int64_t si, int64_t pos,
-                                          int64_t pos_end, int64_t main_lim, int64_t extra_lim) {
-  if (pos >= pos_end) return -1;
-  // The index is loaded before the length test (pos < topk / e < extra_topk keeps it inside the
-  // indices tensor), so this load does not wait for the topk_length load behind main_lim/extra_lim:
-  // one dependent global round trip less on the b = 1 critical path.
-  int64_t idx, n;
-  bool in_len;
-  if (pos < p.topk) {
-    idx = p.indices[bi * p.idx_stride_b + si * p.idx_stride_s + pos * p.idx_stride_k];
-    in_len = pos < main_lim;
-    n = p.k_num_pages * p.k_page_size;
-  } else {
-    const int64_t e = pos - p.topk;
-    idx = p.extra_indices[bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s + e * p.extra_idx_stride_k];
-    in_len = e < extra_lim;
-    n = p.extra_num_pages * p.extra_page_size;
-  }
-  return (!in_len || idx < 0 || idx >= n) ? -1 : (int)idx;
-}
-
 __global__ void __launch_bounds__(kM64Threads, 1)
 sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -120,10 +97,8 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   const int64_t pos_begin = (int64_t)split * p.split_tokens;
   const int64_t pos_end = min(total, pos_begin + p.split_tokens);
   const int64_t ntiles = pos_end > pos_begin ? (pos_end - pos_begin + kM64Tok - 1) / kM64Tok : 0;
-  int64_t main_lim = p.topk, extra_lim = p.extra_topk;
-  if (p.topk_length != nullptr) main_lim = min(main_lim, (int64_t)p.topk_length[bi * p.topk_length_stride]);
-  if (p.extra_topk_length != nullptr)
-    extra_lim = min(extra_lim, (int64_t)p.extra_topk_length[bi * p.extra_topk_length_stride]);
+  int64_t main_lim, extra_lim;
+  slot_limits(p, bi, &main_lim, &extra_lim);
 
   // ---- cp.async issue: thread -> (token gn, part gj): data chunks gj + 8k (k < 4), 32 + gj (gj < 4),
   //      scale row (gj == 7); valid flag (gj == 0).
@@ -132,18 +107,13 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     unsigned char* sb = ring;
     if (gj == 0) ((int*)(sb + kM64StageData + kM64StageScale))[gn] = idx >= 0;
     if (idx < 0) return;
-    const bool extra = t0 + gn >= p.topk;
-    const uint8_t* base = (const uint8_t*)(extra ? p.extra_k_cache : p.k_cache);
-    const int64_t pstride = extra ? p.extra_page_stride : p.k_page_stride;
-    const unsigned psize = (unsigned)(extra ? p.extra_page_size : p.k_page_size);
-    const unsigned page = (unsigned)idx / psize, r = (unsigned)idx - page * psize;
-    const uint8_t* pg = base + (int64_t)page * pstride;
-    const uint8_t* tok = pg + (int64_t)r * kRowBytes;
+    const uint8_t* srow;
+    const uint8_t* tok = token_row(p, t0 + gn >= p.topk, idx, &srow);
     unsigned char* dst = sb + gn * kRowBytes;
 #pragma unroll
     for (int k = 0; k < 4; ++k) cp_async16(dst + 16 * (gj + 8 * k), tok + 16 * (gj + 8 * k));
     if (gj < 4) cp_async16(dst + 16 * (32 + gj), tok + 16 * (32 + gj));
-    if (gj == 7) cp_async8(sb + kM64StageData + gn * kScaleBytes, pg + (int64_t)psize * kRowBytes + (int64_t)r * kScaleBytes);
+    if (gj == 7) cp_async8(sb + kM64StageData + gn * kScaleBytes, srow);
   };
   int nidx = -1;
   if (ntiles > 0) issue(pos_begin, slot_index(p, bi, si, pos_begin + gn, pos_end, main_lim, extra_lim));
@@ -382,18 +352,15 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       const int r = m * 16 + g + 8 * half;
       const int h = h0 + r;
       if (h >= p.h_q) continue;
-      const float l = Lf[r], mm = Mf[r];
-      const bool empty = !(l > 0.f);
-      const float lse = empty ? -INFINITY : (mm + log2f(l)) * 0.6931471805599453f;
-      float inv = empty ? 0.f : 1.f / l;
+      const RowFinal f = finalize_row(Mf[r], Lf[r], p.num_splits == 1 && p.attn_sink != nullptr, sink[m][half]);
+      const float lse = f.lse, inv = f.inv;
       if (p.num_splits == 1) {
-        if (!empty && p.attn_sink != nullptr) inv *= 1.f / (1.f + expf(sink[m][half] - lse));
         __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + 64 * warp + 2 * t4;
 #pragma unroll
         for (int n = 0; n < 8; ++n)
           *(__nv_bfloat162*)(o + 8 * n) =
               __floats2bfloat162_rn(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
-        if (warp == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = empty ? INFINITY : lse;
+        if (warp == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
       } else {
         const int64_t prw = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
         float* o = p.o_part + prw * kDim + 64 * warp + 2 * t4;
