@@ -12,7 +12,8 @@
                              clock64 cycles per tile of warp 0 (softmax warp) and warp 4 (dequant warp)
                              for S, wait + barrier A, phase 2 + barrier B, PV; the combine grid's entry,
                              end of its pdl_wait and end.
-Used for docs/sparse_decode.md (run 20). SHAPES="b,h_q,extra;..." picks the shapes.
+Used for docs/sparse_decode.md (runs 20-23). SHAPES="b,h_q,extra;..." picks the shapes, IMPL the kernel,
+NO_HALF_HEADS=1 keeps 64 heads per mma64 block at every grid size.
 """
 import os
 import re
@@ -94,6 +95,8 @@ def run():
     from deepseek_v4_kernel import _ext
     from torch.profiler import ProfilerActivity, profile
     lib = _ext.load()
+    if os.environ.get("NO_HALF_HEADS"):     # mma64 keeps 64 heads per block at every grid size
+        sd.half_head_blocks = lambda *a: False
     traced = hasattr(lib, "dsv4_trace_read")
     tag = os.environ.get("TAG", os.path.basename(_ext.lib_path()))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -110,7 +113,7 @@ def run():
                      extra_indices=torch.randint(0, 262144, (b, 1, extra), device="cuda", generator=gen, dtype=torch.int32),
                      extra_topk_length=torch.full((b,), extra, dtype=torch.int32, device="cuda"),
                      attn_sink=torch.randn(h, device="cuda", generator=gen)) for _ in range(4)]
-        fn = lambda a: sd.sparse_decode(**a)
+        fn = lambda a: sd.sparse_decode(**a, impl=os.environ.get("IMPL"))
         t, _ = B.time_fn(fn, sets, 40)
         splits, stoks = sd.choose_splits(b, 1, h, 128 + extra, sd._sm_count(torch.device("cuda")))
         g = torch.cuda.CUDAGraph()
@@ -141,7 +144,9 @@ def run():
         torch.cuda.synchronize()
         if lib.dsv4_trace_read(buf, ctypes.sizeof(buf)) != 0:
             raise SystemExit("dsv4_trace_read failed")
-        nb = min(NBLK, b * -(-h // 64) * splits)
+        hpb = 32 if (os.environ.get("IMPL") == "mma64h32" or (os.environ.get("IMPL") in (None, "mma64", "auto")
+                     and sd.half_head_blocks(b, 1, h, splits, sd._sm_count(torch.device("cuda"))))) else 64
+        nb = min(NBLK, b * -(-h // hpb) * splits)
         T = lambda pt, i: buf[pt * NBLK + i]
         t0 = min(T(0, i) for i in range(nb))
         rel = lambda pt, n=nb: [(T(pt, i) - t0) / 1000 for i in range(n)]

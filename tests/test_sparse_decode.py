@@ -113,13 +113,18 @@ def test_choose_splits_shapes_only():
     for args in [(1, 1, 8, 1, 132), (3, 4, 128, 8320, 188), (2, 1, 64, 33, 132)]:
         n, per = sd.choose_splits(*args)
         assert per % 32 == 0 and (n - 1) * per < args[3] <= n * per or args[3] <= per
-    for impl in ["simt", "mma", "mma64", "auto"]:
+    for impl in ["simt", "mma", "mma64", "mma64h32", "auto"]:
         for args in [(1, 1, 64, 640, 132), (8, 2, 128, 2176, 188), (1024, 1, 64, 640, 132), (2, 1, 96, 33, 132)]:
             n, per = sd.choose_splits(*args, impl=impl)
             assert 1 <= n <= sd.MAX_SPLITS and per % 32 == 0 and (n - 1) * per < max(args[3], 1) <= n * per
     assert sd.choose_splits(1, 1, 64, 640, 132, impl="mma64")[0] > 1
     assert sd.choose_splits(128, 1, 64, 640, 132, impl="mma64")[0] == 1      # one wave already
     assert sd.resolve_impl(64, "auto") == "mma64" and sd.resolve_impl(8, "auto") == "mma64"
+    # mma64 with 32 heads per block only where the 64-head grid fills at most half the SMs
+    assert sd.half_head_blocks(1, 1, 64, 20, 132) and sd.half_head_blocks(1, 1, 128, 20, 132)
+    assert not sd.half_head_blocks(8, 1, 64, 10, 132)        # 80 blocks: doubling would pass 132
+    assert not sd.half_head_blocks(1, 1, 32, 20, 132)        # <= 32 heads: nothing to halve
+    assert sd.half_head_blocks(1, 2, 64, 40, 188) and not sd.half_head_blocks(1, 2, 64, 40, 132)
     with pytest.raises(UnsupportedCase, match="impl"):
         sd.resolve_impl(64, "nope")
 
@@ -195,7 +200,7 @@ def test_gpu_vs_reference(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32"])
 @pytest.mark.parametrize("name", ["h96_odd_heads", "h64_b1_split_len", "h128_b40_p256_noslit"])
 def test_gpu_impls_vs_reference(impl, name):
     """Each kernel explicitly (independent of DSV4_SPARSE_DECODE_IMPL): h_q not a multiple of 64,
@@ -250,7 +255,7 @@ def test_gpu_noncontiguous_q_indices_and_cache_dtype():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32"])
 @pytest.mark.parametrize("layout", ["odd_head_stride", "base_off_by_one"])
 def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
     """q whose bf16 pairs are not 4-byte aligned (odd head stride, or a base one element off): the
@@ -271,7 +276,7 @@ def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32"])
 def test_gpu_growing_scores_rescale(impl):
     """Scores that grow along the position list (ascending rows: the running max moves on every
     tile, the O rescale by alpha < 1 runs each time) or shrink (descending rows: alpha == 1 after
