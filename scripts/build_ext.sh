@@ -3,7 +3,8 @@
 #   scripts/build_ext.sh [OUTPUT_PATH]
 # env: NVCC (compiler, default nvcc on PATH or /usr/local/cuda/bin/nvcc),
 #      DSV4_KERNEL_EXTRA_ARCHS (space/comma separated, e.g. "90a"): extra -gencode targets besides sm_120a,
-#      NVCC_THREADS (default 2).
+#      NVCC_THREADS (default 2), DSV4_CSRC (source tree, default csrc/; scripts/trace_sparse_decode.py
+#      builds an instrumented copy with it).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTPUT=${1:-$ROOT/deepseek_v4_kernel/_C.so}
@@ -17,9 +18,10 @@ for a in $ARCHS; do
   LIST="${LIST:+$LIST,}sm_${a}"
 done
 mkdir -p "$(dirname "$OUTPUT")"
-SRCS=("$ROOT/csrc/api.cu" "$ROOT"/csrc/sparse_decode/*.cu)
+CSRC=${DSV4_CSRC:-$ROOT/csrc}
+SRCS=("$CSRC/api.cu" "$CSRC"/sparse_decode/*.cu)
 set -x
 "$NVCC" -shared -Xcompiler -fPIC -cudart static -O3 -std=c++17 --threads "${NVCC_THREADS:-2}" \
-  "${GENCODE[@]}" -DDSV4_BUILD_ARCHS="\"$LIST\"" -I"$ROOT/csrc" \
+  "${GENCODE[@]}" -DDSV4_BUILD_ARCHS="\"$LIST\"" -I"$CSRC" \
   "${SRCS[@]}" -o "$OUTPUT.tmp"
 mv -f "$OUTPUT.tmp" "$OUTPUT"

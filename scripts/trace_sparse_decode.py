@@ -75,12 +75,8 @@ __device__ __forceinline__ int trace_blk() { return (int)(blockIdx.z * gridDim.x
          'int dsv4_trace_read(void* h, long long n) { return (int)dsv4::trace_read(h, n); }\n')
     _sub(os.path.join(dst, "sparse_decode/sparse_decode.cu"), r"^\}  // namespace dsv4",
          "cudaError_t trace_read(void* h, long long n) { return cudaMemcpyFromSymbol(h, dsv4_trace, n); }\n}  // namespace dsv4")
-    nvcc = os.environ.get("NVCC", shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
-    subprocess.check_call([nvcc, "-shared", "-Xcompiler", "-fPIC", "-cudart", "static", "-O3", "-std=c++17",
-                           "--threads", "4", "-gencode", "arch=compute_90a,code=sm_90a",
-                           "-gencode", "arch=compute_120a,code=sm_120a", '-DDSV4_BUILD_ARCHS="sm_120a,sm_90a"',
-                           "-I" + dst, os.path.join(dst, "api.cu"), os.path.join(dst, "sparse_decode/sparse_decode.cu"),
-                           "-o", out])
+    env = dict(os.environ, DSV4_CSRC=dst, DSV4_KERNEL_EXTRA_ARCHS="90a")
+    subprocess.check_call(["bash", os.path.join(ROOT, "scripts", "build_ext.sh"), out], env=env)
     print("built", out)
 
 
