@@ -9,6 +9,7 @@ lse convention (FlashMLA tests/ref.py): lse does NOT include attn_sink; empty ro
 """
 import inspect
 import math
+import os
 
 import pytest
 import torch
@@ -105,6 +106,13 @@ def test_shim_signatures():
     assert list(inspect.signature(sd.flash_mla_with_kvcache).parameters) == names
     ps = list(inspect.signature(sd.flash_mla_with_kvcache_sm120).parameters.values())
     assert len(ps) == 1 and ps[0].kind == inspect.Parameter.VAR_KEYWORD
+
+
+def test_max_splits_matches_params_h():
+    """ops/sparse_decode.MAX_SPLITS is the C ABI's limit (the combine kernel's), not a second number."""
+    import re
+    src = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "sparse_decode", "params.h")).read()
+    assert int(re.search(r"#define DSV4_SPARSE_DECODE_MAX_SPLITS (\d+)", src).group(1)) == sd.MAX_SPLITS
 
 
 def test_choose_splits_shapes_only():

@@ -297,14 +297,15 @@ sparse_decode_kernel(const SparseDecodeParams p) {
   }
 }
 
-// Merge split partials: grid (b*s_q, h_q), 128 threads x 4 dims, num_splits <= kMaxSplits.
+// Merge split partials: grid (b*s_q, h_q), 128 threads x 4 dims, num_splits <= DSV4_SPARSE_DECODE_MAX_SPLITS
+// (params.h: the lse values of splits k and k + 32 sit in one lane).
 // Latency bound (a few KB per block), so what counts is the number of dependent global round trips:
 // the first kChunk partial vectors and the split lse values (lane k holds splits k and k + 32) are
 // loaded together; every warp reduces the lse values itself (shuffles: no smem, no barrier) and the
 // weights reach the lanes by shuffles. One round trip for num_splits <= kChunk (the old kernel took
 // four at 20 splits: 4.0 vs 1.8 us on the H100, run 20). kChunk 16 costs ~94 registers (sm_120a), which halves
 // the blocks per SM, so few splits (large b: many combine blocks) use kChunk 4.
-constexpr int kMaxSplits = 64;
+static_assert(DSV4_SPARSE_DECODE_MAX_SPLITS <= 64, "the combine kernel holds two split lse values per lane");
 template <int kChunk>
 __global__ void __launch_bounds__(128)
 sparse_decode_combine_kernel(const SparseDecodeParams p) {

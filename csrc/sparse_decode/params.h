@@ -8,6 +8,10 @@
 extern "C" {
 #endif
 
+// Most position-list splits per call (the combine kernel holds the split lse values in two registers
+// per lane); checked once at the C ABI (api.cu). Python's ops/sparse_decode.MAX_SPLITS matches it.
+#define DSV4_SPARSE_DECODE_MAX_SPLITS 64
+
 typedef struct SparseDecodeParams {
   const void* q;            // bf16 [b, s_q, h_q, 512]; last dim contiguous
   int64_t q_stride_b;       // strides in elements

@@ -62,7 +62,6 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   if (e != cudaSuccess) return e;
   const bool pdl = (g_pdl_ok.load(std::memory_order_acquire) >> (dev & 63)) & 1ull;
   const int64_t rows = p.b * p.s_q;
-  if (p.num_splits > kMaxSplits) return cudaErrorInvalidValue;   // the combine kernel's limit
   if (p.impl == 2 || p.impl == 3) {
     // grid.x = row * head_blocks + head block (the head blocks of a row are adjacent: shared K rows hit L2);
     // impl 3: 32 heads per block (see the kernel)

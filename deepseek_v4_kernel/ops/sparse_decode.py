@@ -29,7 +29,7 @@ TOK_TILE = 32          # kTokTile (kernel.cuh) = kM64Tok (kernel_mma64.cuh)
 # ("mma64h32": the mma64 kernel with 32 heads per block, see half_head_blocks)
 HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64, "mma64h32": 32}
 IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3}     # SparseDecodeParams.impl
-MAX_SPLITS = 64
+MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at the C ABI
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
 #   "auto"  (default) mma64 for every h_q. On the H100 (docs/sparse_decode.md, runs 5 and 9) mma64 is
 #           2.6-3x faster than mma at b >= 32, 1.1x at b = 1 with h_q >= 64, and faster at h_q 16/32
