@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <math.h>
 #include "params.h"
+#include "common/device.cuh"
 
 namespace dsv4 {
 
@@ -42,22 +43,6 @@ static_assert(kThreads == kHeadTile * 16, "PV mapping: 16 threads per head");
 __device__ __forceinline__ float ue8m0_to_float(uint8_t e) {
   // 2^(e-127); e = 0 gives 2^-127 (denormal), fine for a scale.
   return __int_as_float(e == 0 ? 0x00400000 : ((int)e << 23));
-}
-
-// Programmatic dependent launch (PDL, sm_90+; both no-ops for a normal launch). Every kernel here
-// is launched with programmatic stream serialization when the device has it, so it may become
-// resident while the previous kernel of the stream drains; pdl_wait() blocks until that kernel has
-// completed and its writes are visible, so it comes before the first global read (and write).
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-// lets the next kernel of the stream (if PDL-launched) be scheduled now; it still waits in pdl_wait()
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
 // ---- slot resolution, shared by all kernels --------------------------------------------------

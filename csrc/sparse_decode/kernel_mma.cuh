@@ -23,14 +23,6 @@ constexpr int kMmaSmemStats = 3 * kMmaHeads * 4 + kTokTile * 4;
 constexpr int kMmaSmemBytes = kMmaSmemK + kMmaSmemQ + kMmaSmemS + kMmaSmemP + kMmaSmemStats;
 static_assert(kMmaSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
 
-__device__ __forceinline__ void mma_bf16_16816(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* smem_ptr) {
   uint32_t addr = (uint32_t)__cvta_generic_to_shared(smem_ptr);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"

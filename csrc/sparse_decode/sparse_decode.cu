@@ -32,28 +32,6 @@ static cudaError_t ensure_smem_attr() {
   return cudaSuccess;
 }
 
-// Launch with programmatic stream serialization when the device has PDL (every kernel here calls
-// pdl_wait() before touching global memory), else a plain launch. Under graph capture the attribute
-// becomes a programmatic edge.
-static cudaError_t launch(void (*kernel)(SparseDecodeParams), dim3 grid, int threads, int smem, bool pdl,
-                          cudaStream_t stream, const SparseDecodeParams& p) {
-  if (!pdl) {
-    kernel<<<grid, threads, smem, stream>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3((unsigned)threads, 1, 1);
-  cfg.dynamicSmemBytes = (size_t)smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
-}
-
 cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream) {
   cudaError_t e = ensure_smem_attr();
   if (e != cudaSuccess) return e;
@@ -68,20 +46,20 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
     const int64_t hpb = p.impl == 3 ? kM64Heads / 2 : kM64Heads;
     const int64_t head_blocks = (p.h_q + hpb - 1) / hpb;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
-    e = launch(sparse_decode_mma64_kernel, dim3((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits),
+    e = launch_kernel(sparse_decode_mma64_kernel, dim3((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits),
                kM64Threads, kM64SmemBytes, pdl, stream, p);
   } else if (p.impl == 1) {
     const int head_tiles = (int)((p.h_q + kMmaHeads - 1) / kMmaHeads);
-    e = launch(sparse_decode_mma_kernel, dim3((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits),
+    e = launch_kernel(sparse_decode_mma_kernel, dim3((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits),
                kMmaThreads, kMmaSmemBytes, pdl, stream, p);
   } else {
     const int head_tiles = (int)((p.h_q + kHeadTile - 1) / kHeadTile);
-    e = launch(sparse_decode_kernel, dim3((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits),
+    e = launch_kernel(sparse_decode_kernel, dim3((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits),
                kThreads, kSmemBytes, pdl, stream, p);
   }
   if (e != cudaSuccess || p.num_splits == 1) return e;
   // the combine grid (PDL): scheduled while the split grid drains, waits in pdl_wait()
-  return launch(p.num_splits <= 4 ? sparse_decode_combine_kernel<4> : sparse_decode_combine_kernel<16>,
+  return launch_kernel(p.num_splits <= 4 ? sparse_decode_combine_kernel<4> : sparse_decode_combine_kernel<16>,
                 dim3((unsigned)rows, (unsigned)p.h_q), 128, 0, pdl, stream, p);
 }
 

@@ -1,0 +1,57 @@
+// Device and launch helpers shared by every kernel of the extension (sparse_decode, fp4_moe).
+// SM90 / SM120 common ISA only: mma.sync, griddepcontrol (PDL); no wgmma, no clusters.
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace dsv4 {
+
+// Programmatic dependent launch (PDL, sm_90+; both no-ops for a normal launch). Every kernel of the
+// extension is launched with programmatic stream serialization when the device has it, so it may
+// become resident while the previous kernel of the stream drains; pdl_wait() blocks until that kernel
+// has completed and its writes are visible, so it comes before the first read of anything the
+// previous kernels wrote (and before the first global write).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// lets the next kernel of the stream (if PDL-launched) be scheduled now; it still waits in pdl_wait()
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// D += A B, m16n8k16, bf16 operands, fp32 accumulators (register layouts: PTX ISA "mma.m16n8k16").
+__device__ __forceinline__ void mma_bf16_16816(float* c, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Host: launch with programmatic stream serialization when `pdl` (the device has PDL and it is not
+// switched off), else a plain launch. Under graph capture the attribute becomes a programmatic edge.
+template <typename Params>
+static inline cudaError_t launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem, bool pdl,
+                                        cudaStream_t stream, const Params& p) {
+  if (!pdl) {
+    kernel<<<grid, threads, smem, stream>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3((unsigned)threads, 1, 1);
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+}  // namespace dsv4
