@@ -4,9 +4,11 @@
 #include <stdio.h>
 #include <string.h>
 #include "sparse_decode/params.h"
+#include "fp4_moe/params.h"
 
 namespace dsv4 {
 cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream);
+cudaError_t launch_fp4_moe_decode(const Fp4MoeDecodeParams& p, cudaStream_t stream);
 }
 
 #ifndef DSV4_BUILD_ARCHS
@@ -48,6 +50,30 @@ int dsv4_sparse_decode(const SparseDecodeParams* p, void* stream) {
   }
   cudaError_t e = dsv4::launch_sparse_decode(*p, (cudaStream_t)stream);
   if (e != cudaSuccess) return set_error("sparse_decode", e, "kernel launch failed");
+  return 0;
+}
+
+int dsv4_fp4_moe_decode_params_size(void) { return (int)sizeof(Fp4MoeDecodeParams); }
+
+int dsv4_fp4_moe_decode(const Fp4MoeDecodeParams* p, void* stream) {
+  g_last_error[0] = 0;
+  if (p == nullptr) {
+    snprintf(g_last_error, sizeof(g_last_error), "fp4_moe_decode: null params");
+    return (int)cudaErrorInvalidValue;
+  }
+  const long long slots = (long long)p->M * (long long)p->topk;
+  if (p->M < 1 || p->topk < 1 || slots > DSV4_FP4_MOE_MAX_SLOTS || p->E < 1 || p->E > 2147483647LL ||
+      p->hidden < 128 || p->hidden % 128 || p->inter < 128 || p->inter % 128 || p->w13_stride_n % 16 ||
+      p->w2_stride_n % 16 || p->x_stride % 8 || ((uintptr_t)p->x | (uintptr_t)p->w13 | (uintptr_t)p->w2) % 16) {
+    snprintf(g_last_error, sizeof(g_last_error),
+             "fp4_moe_decode: bad sizes M=%lld topk=%lld E=%lld hidden=%lld I=%lld (expected 1 <= M*topk <= %d, "
+             "hidden and I positive multiples of 128, 16-byte aligned x / w13 / w2 rows)",
+             (long long)p->M, (long long)p->topk, (long long)p->E, (long long)p->hidden, (long long)p->inter,
+             DSV4_FP4_MOE_MAX_SLOTS);
+    return (int)cudaErrorInvalidValue;
+  }
+  cudaError_t e = dsv4::launch_fp4_moe_decode(*p, (cudaStream_t)stream);
+  if (e != cudaSuccess) return set_error("fp4_moe_decode", e, "kernel launch failed");
   return 0;
 }
 

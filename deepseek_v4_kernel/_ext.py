@@ -41,6 +41,24 @@ class SparseDecodeParams(ctypes.Structure):
     ]
 
 
+class Fp4MoeDecodeParams(ctypes.Structure):
+    """Mirror of csrc/fp4_moe/params.h (every field 8 bytes; keep the order in sync)."""
+
+    _fields_ = [
+        ("x", _P), ("x_stride", _I),
+        ("w13", _P), ("w13_stride_e", _I), ("w13_stride_n", _I),
+        ("s13", _P), ("s13_stride_e", _I), ("s13_stride_n", _I), ("s13_f32", _I),
+        ("w2", _P), ("w2_stride_e", _I), ("w2_stride_n", _I),
+        ("s2", _P), ("s2_stride_e", _I), ("s2_stride_n", _I), ("s2_f32", _I),
+        ("topk_ids", _P), ("ids_int64", _I),
+        ("topk_weights", _P), ("tw_dtype", _I),
+        ("h", _P), ("y", _P), ("counters", _P),
+        ("out", _P), ("out_stride", _I),
+        ("M", _I), ("topk", _I), ("E", _I), ("hidden", _I), ("inter", _I),
+        ("swiglu", _I), ("swiglu_limit", ctypes.c_double), ("rsf", ctypes.c_double),
+    ]
+
+
 def load():
     """The loaded library (cached); raises ExtensionUnavailable with the path and dlopen error."""
     global _LIB
@@ -67,8 +85,26 @@ def load():
         if size != ctypes.sizeof(SparseDecodeParams):
             raise ExtensionUnavailable(f"{path}: SparseDecodeParams size {size} != ctypes mirror "
                                        f"{ctypes.sizeof(SparseDecodeParams)} (stale build? rerun scripts/build_ext.sh)")
+        # fp4_moe decode kernels (absent from libraries built before they existed: has_fp4_moe_decode())
+        if hasattr(lib, "dsv4_fp4_moe_decode"):
+            lib.dsv4_fp4_moe_decode_params_size.restype = ctypes.c_int
+            lib.dsv4_fp4_moe_decode.restype = ctypes.c_int
+            lib.dsv4_fp4_moe_decode.argtypes = [ctypes.POINTER(Fp4MoeDecodeParams), ctypes.c_void_p]
+            size = lib.dsv4_fp4_moe_decode_params_size()
+            if size != ctypes.sizeof(Fp4MoeDecodeParams):
+                raise ExtensionUnavailable(f"{path}: Fp4MoeDecodeParams size {size} != ctypes mirror "
+                                           f"{ctypes.sizeof(Fp4MoeDecodeParams)} (stale build? rerun "
+                                           f"scripts/build_ext.sh)")
         _LIB = lib
         return lib
+
+
+def has_fp4_moe_decode() -> bool:
+    """The library loads and carries the fp4_moe decode kernels."""
+    try:
+        return hasattr(load(), "dsv4_fp4_moe_decode")
+    except ExtensionUnavailable:
+        return False
 
 
 def built_archs():

@@ -98,7 +98,7 @@ def check_fp4_moe(device: str = "cuda", hidden: int = 4096, inter: int = 2048, e
     scales as SGLang keeps them (fp32 powers of two), one slot of an expert on another EP rank."""
     import torch
 
-    from .ops.fp4_moe import fp4_moe
+    from .ops.fp4_moe import LAST_KERNELS, fp4_moe
     from .reference.fp4_moe import fp4_moe_reference, quantize_mxfp4
 
     M, k = 9, 6
@@ -116,7 +116,8 @@ def check_fp4_moe(device: str = "cuda", hidden: int = 4096, inter: int = 2048, e
     # weights and scales are exact; h between the GEMMs, each slot's y and the output are bf16
     # (measured ~6e-3 at tiny sizes under TRITON_INTERPRET, whose dots are a little coarser)
     assert e < 2e-2, f"out rel err {e:.2e} (bound 2e-2: bf16 h, y and output)"
-    return f"M={M} top-{k} of {experts} experts, hidden={hidden} I={inter}: out rel err {e:.1e}"
+    impl = LAST_KERNELS["config"][2]
+    return f"M={M} top-{k} of {experts} experts, hidden={hidden} I={inter} ({impl}): out rel err {e:.1e}"
 
 
 CHECKS: Dict[str, Callable[[], str]] = {

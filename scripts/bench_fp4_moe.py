@@ -19,7 +19,8 @@ Floors (measured on this GPU in this run):
   FLOP floor = 6 * slots * hidden * I / dense bf16 mma rate (torch.mm 8192^3) -> "% FLOP floor".
 
 usage: python scripts/bench_fp4_moe.py --out DIR [--quick] [--sweep] [--sweep-budget S]
-                                        [--impls dequant,dot_scaled,mxfp8]
+                                        [--impls dequant,dot_scaled,mxfp8,cuda_decode]
+                                        [--tokens 1,8,32] [--profile] [--no-baselines]
 """
 import argparse
 import json
@@ -151,6 +152,33 @@ def run_ours(x, w, tw, ids, impl, out, config=None):
                       out=out, config=config)
 
 
+def profile_kernels(fn, reps=5):
+    """Median device time per kernel name (torch profiler over CUDA-graph replays of `fn`). With PDL
+    a kernel's span includes its early residency (waiting for the previous kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per.setdefault(e.name.split("(")[0][:60], []).append(e.time_range.elapsed_us())
+    return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
+
+
 def check_small(w, impls):
     """Spot check at 8 tokens vs the float64 reference (relative to the output scale)."""
     x, tw, ids = make_routing(8, seed=7)
@@ -173,8 +201,10 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-budget", type=float, default=120.0)
     ap.add_argument("--sweep-set", default="run3", choices=["run2", "run3"])
-    ap.add_argument("--impls", default="dequant,dot_scaled,mxfp8")
+    ap.add_argument("--impls", default="dequant,dot_scaled,mxfp8,cuda_decode")
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: the table's)")
     ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="per-kernel times of each impl at <= 32 tokens")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     impls = args.impls.split(",")
@@ -193,7 +223,8 @@ def main():
         print("spot check failed:", repr(e)[:300])
         result["check"] = {"error": repr(e)[:300]}
 
-    tokens = [1, 32, 8192] if args.quick else TOKENS
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else [1, 32, 8192] if args.quick else TOKENS
+    w_f32 = (w[0], torch.exp2(w[1].float() - 127), w[2], torch.exp2(w[3].float() - 127))  # SGLang's scale form
     for M in tokens:
         x, tw, ids = make_routing(M, seed=M)
         U = int(torch.unique(ids).numel())
@@ -201,9 +232,12 @@ def main():
         floor_us = weight_bytes(U) / bw * 1e6
         flop_us = 6 * S * H * I / fl * 1e6
         row = {"tokens": M, "experts_hit": U, "weight_floor_us": floor_us, "flop_floor_us": flop_us,
-               "default_impl": op.default_impl(op.regime(M, TOPK, E))}
+               "default_impl": op.pick_impl(x, w[0], w[2], TOPK),
+               "weight_floor_f32_scales_us": weight_bytes(U, 4) / bw * 1e6}
         out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
         for impl in impls:
+            if impl == "cuda_decode" and S > op.DECODE_MAX_SLOTS:
+                continue
             try:
                 us, graphed = timeit_graph(lambda: run_ours(x, w, tw, ids, impl, out),
                                            reps=10 if M <= 1024 else 2, iters=10 if M <= 1024 else 5)
@@ -211,8 +245,15 @@ def main():
                 row[f"{impl}_graph"] = graphed
                 row[f"{impl}_eager_us"] = timeit(lambda: run_ours(x, w, tw, ids, impl, out), iters=5)
                 row[f"{impl}_config"] = op.LAST_KERNELS["config"][:2]
-                row[f"{impl}_smem"] = [op.LAST_KERNELS["gemm1"].metadata.shared,
-                                       op.LAST_KERNELS["gemm2"].metadata.shared]
+                if "gemm1" in op.LAST_KERNELS:   # Triton impls (cuda_decode: static 6 KB, nvcc-checked)
+                    row[f"{impl}_smem"] = [op.LAST_KERNELS["gemm1"].metadata.shared,
+                                           op.LAST_KERNELS["gemm2"].metadata.shared]
+                if args.profile and M <= 32:
+                    row[f"{impl}_kernels_us"] = profile_kernels(lambda: run_ours(x, w, tw, ids, impl, out))
+                    print(f"M={M} {impl} kernels (us):", {k: round(v, 1) for k, v in row[f"{impl}_kernels_us"].items()})
+                if M <= 32 and impl in ("dequant", "cuda_decode"):   # float32 scales, as SGLang keeps them
+                    row[f"{impl}_f32_scales_us"], _ = timeit_graph(
+                        lambda: run_ours(x, w_f32, tw, ids, impl, out), reps=10, iters=10)
             except Exception as e:  # noqa: BLE001
                 row[f"{impl}_error"] = repr(e)[:300]
                 print(f"M={M} {impl} failed: {repr(e)[:300]}")
@@ -231,6 +272,9 @@ def main():
             row["best_us"] = best
             row["best_impl"] = [i for i in impls if row.get(f"{i}_us") == best][0]
             row["pct_weight_floor"] = 100 * floor_us / best
+            f32 = [row[f"{i}_f32_scales_us"] for i in impls if f"{i}_f32_scales_us" in row]
+            if f32:
+                row["pct_weight_floor_f32_scales"] = 100 * row["weight_floor_f32_scales_us"] / min(f32)
             row["pct_flop_floor"] = 100 * flop_us / best
             for name in ("torch_dequant_gemm", "python_loop"):
                 if f"{name}_us" in row:

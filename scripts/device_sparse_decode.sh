@@ -18,7 +18,7 @@ fi
 for impl in ${IMPLS:-mma mma64}; do
   echo "=== pytest DSV4_SPARSE_DECODE_IMPL=$impl" | tee -a "$OUT/pytest.log"
   DSV4_SPARSE_DECODE_IMPL=$impl timeout ${TEST_TIMEOUT:-180} python -m pytest -q -rs tests/test_sparse_decode.py \
-      tests/test_sparse_decode_build.py -p no:cacheprovider 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
+      tests/test_extension_build.py -p no:cacheprovider 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
   echo "pytest ($impl) rc=${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
 done
 timeout ${BENCH_TIMEOUT:-300} python scripts/bench_sparse_decode.py --out "$OUT" --reps ${REPS:-20} ${QUICK:+--quick} \

@@ -1,5 +1,6 @@
-"""CPU-only: compile the sparse decode CUDA sources for sm_120a with nvcc --resource-usage and check
-shared memory (<= 101376 B per block on SM120), no register spills, and report registers."""
+"""CPU-only: compile the extension's CUDA sources (sparse decode, fp4_moe decode) for sm_120a with
+nvcc --resource-usage and check shared memory (<= 101376 B per block on SM120), no register spills,
+and report registers."""
 import os
 import re
 import shutil
@@ -27,13 +28,15 @@ def _kernel_smem_constant():
             "sparse_decode_mma64_kernel": env["kM64SmemBytes"]}
 
 
-def test_sparse_decode_resources_sm120a(tmp_path):
+def _compile_sm120a(tmp_path, unit):
+    """{kernel name: (registers, static smem)} of one translation unit built for sm_120a; asserts no
+    spills and <= 255 registers for every kernel."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC)")
     cmd = [nvcc, "--resource-usage", "-O3", "-std=c++17", "-gencode", "arch=compute_120a,code=sm_120a",
-           "-I", os.path.join(ROOT, "csrc"), "-c", os.path.join(ROOT, "csrc/sparse_decode/sparse_decode.cu"),
-           "-o", str(tmp_path / "sd.o")]
+           "-I", os.path.join(ROOT, "csrc"), "-c", os.path.join(ROOT, "csrc", unit),
+           "-o", str(tmp_path / "unit.o")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     log = r.stdout + r.stderr
@@ -48,9 +51,13 @@ def test_sparse_decode_resources_sm120a(tmp_path):
         regs = re.search(r"Used (\d+) registers", blk)
         assert regs, blk
         smem = re.search(r"(\d+) bytes smem", blk)
-        static_smem = int(smem.group(1)) if smem else 0
-        seen[name] = (int(regs.group(1)), static_smem)
+        seen[name] = (int(regs.group(1)), int(smem.group(1)) if smem else 0)
         assert int(regs.group(1)) <= 255
+    return seen
+
+
+def test_sparse_decode_resources_sm120a(tmp_path):
+    seen = _compile_sm120a(tmp_path, "sparse_decode/sparse_decode.cu")
     dyn = _kernel_smem_constant()
     for name, (regs, static_smem) in seen.items():
         extra = max([v for k, v in dyn.items() if k in name] or [0])
@@ -59,3 +66,14 @@ def test_sparse_decode_resources_sm120a(tmp_path):
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()}, "dynamic smem", dyn)
     assert any("sparse_decode_kernel" in n for n in seen) and any("combine" in n for n in seen)
     assert any("sparse_decode_mma64_kernel" in n for n in seen)
+
+
+def test_fp4_moe_decode_resources_sm120a(tmp_path):
+    """Both decode kernels, each for uint8 and float32 scales; static shared memory only. Three
+    128-thread blocks per SM need <= 170 registers (65536 / 384)."""
+    seen = _compile_sm120a(tmp_path, "fp4_moe/fp4_moe.cu")
+    print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()})
+    assert sum("fp4_moe_gemm1_kernel" in n for n in seen) == 2 and sum("fp4_moe_gemm2_kernel" in n for n in seen) == 2
+    for name, (regs, static_smem) in seen.items():
+        assert 0 < static_smem <= SMEM_LIMIT, (name, static_smem)
+        assert regs <= 170, (name, regs)

@@ -301,6 +301,26 @@ def test_errors_impl_and_out():
     with pytest.raises(UnsupportedCase, match=r"fp4_moe: out must be bf16 \[M, hidden\] = \[3, 64\]"):
         op.fp4_moe(**a, out=torch.empty(3, 64))
     assert issubclass(UnsupportedCase, ValueError)
+    # the compiled decode kernels: hidden 64 is no multiple of 128 (and on CPU there is no CUDA device)
+    with pytest.raises(UnsupportedCase, match=r"^fp4_moe: impl 'cuda_decode': (needs a CUDA device|hidden)"):
+        op.fp4_moe(**a, impl="cuda_decode")
+
+
+def test_decode_limits_match_the_c_abi():
+    """DECODE_MAX_SLOTS / DECODE_GEMM2_TILE are csrc/fp4_moe/params.h's, not second numbers, and the
+    ctypes mirror lists params.h's fields in order (the loader also compares the struct sizes)."""
+    import re
+
+    from deepseek_v4_kernel._ext import Fp4MoeDecodeParams
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = open(os.path.join(root, "csrc", "fp4_moe", "params.h")).read()
+    assert int(re.search(r"#define DSV4_FP4_MOE_MAX_SLOTS (\d+)", src).group(1)) == op.DECODE_MAX_SLOTS
+    assert int(re.search(r"#define DSV4_FP4_MOE_GEMM2_TILE (\d+)", src).group(1)) == op.DECODE_GEMM2_TILE
+    body = src[src.index("typedef struct Fp4MoeDecodeParams"):src.index("} Fp4MoeDecodeParams;")]
+    fields = re.findall(r"^\s+(?:const )?\w+\*? ?\*?(\w+);", body, re.M)
+    assert fields == [f[0] for f in Fp4MoeDecodeParams._fields_]
+    assert op.CUDA_DECODE_DEFAULT_SLOTS <= op.DECODE_MAX_SLOTS
 
 
 def test_signature_is_stable():
@@ -323,7 +343,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["dequant", "dot_scaled", "mxfp8"])
+@pytest.mark.parametrize("impl", ["dequant", "dot_scaled", "mxfp8", "cuda_decode"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"M{c[0]}I{c[1]}k{c[2]}E{c[3]}")
 def test_real_shapes(impl, case):
     M, I, k, E, drop, skew, lim = case
@@ -333,9 +353,17 @@ def test_real_shapes(impl, case):
     x = torch.randn(M, H, device="cuda").bfloat16()
     # swiglu_limit 10 with |g| up to ~40 here: the clamp is exercised
     x *= 4.0 if lim else 1.0
+    if impl == "cuda_decode":
+        _need_cuda_decode()
+    if impl == "cuda_decode" and M * k > op.DECODE_MAX_SLOTS:
+        with pytest.raises(UnsupportedCase, match=rf"impl 'cuda_decode': M \* topk = {M * k} slots > 256"):
+            op.fp4_moe(x, *w, tw, ids, impl=impl)
+        return
     run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=lim, rsf=1.5)
     c1, c2, used = op.LAST_KERNELS["config"]
     assert used == impl
+    if impl == "cuda_decode":   # its resources are checked at compile time (test_extension_build.py)
+        return
     if M == 1 and torch.cuda.get_device_properties(0).multi_processor_count >= 64:
         assert op.LAST_KERNELS["split_k"][0] > 1, "1 token: gemm1 should run split-K"
     for name in ("gemm1", "gemm2"):
@@ -345,6 +373,12 @@ def test_real_shapes(impl, case):
 
 
 _W_CACHE = {}
+
+
+def _need_cuda_decode():
+    from deepseek_v4_kernel._ext import has_fp4_moe_decode
+    if not has_fp4_moe_decode():
+        pytest.skip("the CUDA extension (_C.so with the fp4_moe kernels) is not built: scripts/build_ext.sh")
 
 
 def _gpu_weights(E, H, I):
@@ -371,17 +405,23 @@ def test_uint8_scales_same_as_float32(impl):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [None, {"gemm1": {"SPLIT_K": 3}, "gemm2": {"SPLIT_K": 2}},
-                                    {"gemm1": {"SPLIT_K": 1}, "gemm2": {"SPLIT_K": 1}}],
-                         ids=["default", "split", "nosplit"])
+                                    {"gemm1": {"SPLIT_K": 1}, "gemm2": {"SPLIT_K": 1}}, "dequant"],
+                         ids=["default", "split", "nosplit", "dequant"])
 def test_cuda_graph_capture_replay(config):
+    """default: the compiled decode kernels (M * topk = 48 slots); the others: Triton."""
     E, H, I, M, k = 16, 4096, 1024, 8, 6
     w = _gpu_weights(E, H, I)
     x = torch.randn(M, H, device="cuda").bfloat16()
     tw, ids = make_routing(M, E, k, "cuda", seed=1)
     out = torch.empty(M, H, dtype=torch.bfloat16, device="cuda")
-    kw = dict(swiglu_limit=10.0, routed_scaling_factor=1.5, out=out, config=config)
+    impl = config if isinstance(config, str) else None
+    config = None if isinstance(config, str) else config
+    kw = dict(swiglu_limit=10.0, routed_scaling_factor=1.5, out=out, config=config, impl=impl)
     op.fp4_moe(x, *w, tw, ids, **kw)  # compile
     torch.cuda.synchronize()
+    want = impl or ("dequant" if config else
+                    "cuda_decode" if op._cuda_decode_unsupported(x, w[0], w[2], M * k, H, I) is None else "dequant")
+    assert op.LAST_KERNELS["config"][2] == want
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -389,6 +429,7 @@ def test_cuda_graph_capture_replay(config):
         with torch.cuda.graph(g):
             op.fp4_moe(x, *w, tw, ids, **kw)
     torch.cuda.current_stream().wait_stream(s)
+    assert op.LAST_KERNELS["config"][2] == want, "the captured call took another impl than the eager one"
     for seed in (2, 3):  # new routing and activations in the same buffers
         tw2, ids2 = make_routing(M, E, k, "cuda", seed=seed, drop=0.2, skew=seed == 3)
         ids.copy_(ids2), tw.copy_(tw2), x.copy_(torch.randn(M, H, device="cuda").bfloat16())
@@ -399,6 +440,54 @@ def test_cuda_graph_capture_replay(config):
         A = bound(x, *w, tw, ids, 10.0, 1.5)
         assert not torch.isnan(out).any()
         assert ((out.double() - ref).abs() <= 2.0 ** -7 * A + 1e-30).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    # M, topk, E, ids dtype, weights dtype, drop, skew: duplicate experts in passes of 8 slots,
+    # int64 ids, bf16 / fp16 routing weights, dropped slots and fully dropped tokens
+    (64, 4, 4, torch.int64, torch.bfloat16, 0.1, False),    # ~58 valid slots per expert: 8 passes
+    (5, 6, 32, torch.int32, torch.float16, 0.3, True),
+    (3, 6, 8, torch.int32, torch.float32, 1.0, False),      # every slot dropped: out = 0
+    (42, 6, 64, torch.int32, torch.float32, 0.0, False),    # 252 slots, near DECODE_MAX_SLOTS
+])
+def test_cuda_decode_routing(case):
+    _need_cuda_decode()
+    M, k, E, id_dtype, w_dtype, drop, skew = case
+    H, I = 4096, 1024
+    w = _gpu_weights(E, H, I)
+    tw, ids = make_routing(M, E, k, "cuda", seed=M + E, drop=drop, skew=skew)
+    if M * k <= E:   # distinct experts across the batch would not test duplicates
+        ids = torch.where(ids >= 0, ids % (E // 2), ids)
+    x = torch.randn(M, H, device="cuda").bfloat16()
+    res = run_and_check(x, w, tw.to(w_dtype), ids.to(id_dtype), impl="cuda_decode", swiglu_limit=10.0, rsf=2.5)
+    if drop == 1.0:
+        assert (res == 0).all()
+    again = op.fp4_moe(x, *w, tw.to(w_dtype), ids.to(id_dtype), swiglu_limit=10.0, routed_scaling_factor=2.5,
+                       impl="cuda_decode")
+    assert torch.equal(res, again), "not deterministic (or the tile counters were not reset)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lo,hi", [(118, 126), (124, 136)], ids=["scales<=2", "scales>2"])
+def test_cuda_decode_scale_range_and_layouts(lo, hi):
+    """UE8M0 exponents above 128 (scale > 2) take the kernel's second multiply; uint8 and float32
+    scales give bit-identical results; non-contiguous x / out rows (row stride > hidden)."""
+    E, H, I, M, k = 8, 4096, 1024, 3, 4
+    g = torch.Generator(device="cuda").manual_seed(lo)
+    _need_cuda_decode()
+    w13 = torch.randint(0, 256, (E, 2 * I, H // 2), device="cuda", generator=g, dtype=torch.uint8)
+    w2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", generator=g, dtype=torch.uint8)
+    s13 = torch.randint(lo, hi, (E, 2 * I, H // 32), device="cuda", generator=g, dtype=torch.uint8)
+    s2 = torch.randint(lo, hi, (E, H, I // 32), device="cuda", generator=g, dtype=torch.uint8)
+    tw, ids = make_routing(M, E, k, "cuda", seed=lo)
+    xs = torch.randn(M, H + 64, device="cuda").bfloat16() * (2.0 ** (120 - hi))
+    x = xs[:, 8:H + 8]   # 16-byte aligned rows, stride H + 64
+    res = run_and_check(x, (w13, s13, w2, s2), tw, ids, impl="cuda_decode", rsf=None)
+    f13, f2 = torch.exp2(s13.float() - 127), torch.exp2(s2.float() - 127)
+    out = torch.full((M, H + 32), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :H]
+    b = op.fp4_moe(x, w13.view(torch.int8), f13, w2.view(torch.int8), f2, tw, ids, impl="cuda_decode", out=out)
+    assert torch.equal(res, b)
 
 
 @pytest.mark.gpu

@@ -45,10 +45,17 @@ Inner product (``impl``):
                native mma.sync kind::mxf8f6f4.block_scale (it emulates mixed e4m3 x e2m1
                and bf16 x e2m1). Approximate (activation rounding, as SGLang's SM120
                FlashInfer MXFP8 x MXFP4 path); emulated on the H100.
+  "cuda_decode" not Triton: two compiled kernels of the CUDA extension (csrc/fp4_moe), for
+               M * topk <= 256 slots: no routing pass (each block de-duplicates the slot table
+               itself and streams its expert's weights once for all slots routed to it), e2m1
+               decoded to bf16 in registers + mma.sync (exact, like "dequant"), SiLU fused into
+               gemm1, the top-k sum fused into gemm2 (the last block of each column tile adds
+               the slots in a fixed order). PDL launches; workspace per call.
 The interpreter (TRITON_INTERPRET=1; no dot_scaled there) always runs "dequant" with fp32
-dots and fp32 intermediates (its bf16 casts truncate).
-Default: env DSV4_FP4_MOE_IMPL, else DEFAULT_IMPL_CC10 on cc >= 10 and DEFAULT_IMPL_SM90
-below (chosen from the H100 runs, see docs/fp4_moe.md).
+dots and fp32 intermediates (its bf16 casts truncate); "cuda_decode" needs a CUDA device.
+Default (pick_impl): env DSV4_FP4_MOE_IMPL, else "cuda_decode" up to CUDA_DECODE_DEFAULT_SLOTS
+slots where it applies, else DEFAULT_IMPL_CC10 on cc >= 10 and DEFAULT_IMPL_SM90 below (chosen
+from the H100 runs, see docs/fp4_moe.md).
 """
 from __future__ import annotations
 
@@ -64,8 +71,16 @@ from deepseek_v4_kernel.ops._device import sm_count
 OP = "fp4_moe"
 SMEM_LIMIT = 101376
 GROUP = 32
-IMPLS = ("dequant", "dot_scaled", "mxfp8")
-_IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}
+IMPLS = ("dequant", "dot_scaled", "mxfp8", "cuda_decode")
+_IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}   # the Triton impls
+# "cuda_decode": the compiled decode kernels (csrc/fp4_moe): at most DECODE_MAX_SLOTS = M * topk slots
+# (DSV4_FP4_MOE_MAX_SLOTS in csrc/fp4_moe/params.h, checked at the C ABI); the default wherever it
+# applies (_cuda_decode_unsupported) up to CUDA_DECODE_DEFAULT_SLOTS slots: on the H100 (run 7,
+# docs/fp4_moe.md) it beats "dequant" by 1.32x at 1 token, 1.14x at 8, ties at 32 tokens (192 slots)
+# and is 1.4 % slower at 42 tokens.
+DECODE_MAX_SLOTS = 256
+CUDA_DECODE_DEFAULT_SLOTS = 192
+DECODE_GEMM2_TILE = 32   # DSV4_FP4_MOE_GEMM2_TILE: output columns per gemm2 block, one counter each
 # default impl per regime ("decode" / "mid" / "prefill", see regime()); sm90 from the H100 runs
 DEFAULT_IMPL_SM90 = {"decode": "dequant", "mid": "dot_scaled", "prefill": "dot_scaled"}
 # cc >= 10: decode is weight-bandwidth bound, so the exact path costs nothing there; mid and
@@ -634,6 +649,38 @@ def _finish_config(c1, c2, I, H):
     return c1, c2
 
 
+def _cuda_decode_unsupported(x, w13, w2, S, H, inter):
+    """Why the compiled decode kernels cannot take this call (None when they can)."""
+    if _interp() or x.device.type != "cuda":
+        return "needs a CUDA device"
+    if S > DECODE_MAX_SLOTS:
+        return f"M * topk = {S} slots > {DECODE_MAX_SLOTS}"
+    if H % 128 or inter % 128:
+        return f"hidden ({H}) and I ({inter}) must be multiples of 128"
+    if x.stride(0) % 8 or x.data_ptr() % 16:
+        return f"hidden_states rows must be 16-byte aligned (stride(0) {x.stride(0)}, data_ptr % 16 {x.data_ptr() % 16})"
+    for name, w in (("w13", w13), ("w2", w2)):
+        if w.stride(1) % 16 or w.data_ptr() % 16:
+            return f"{name} rows must be 16-byte aligned (strides {w.stride()})"
+    from deepseek_v4_kernel._ext import has_fp4_moe_decode
+    if not has_fp4_moe_decode():
+        return "the CUDA extension (_C.so with the fp4_moe kernels) does not load"
+    return None
+
+
+def pick_impl(hidden_states, w13, w2, topk: int, config=None) -> str:
+    """The impl fp4_moe(impl=None) runs: env DSV4_FP4_MOE_IMPL; else the compiled decode kernels up to
+    CUDA_DECODE_DEFAULT_SLOTS slots where they apply (and no Triton tiles were asked for); else the
+    Triton default of the regime (default_impl)."""
+    M, H = hidden_states.shape
+    E, inter = w13.shape[0], w13.shape[1] // 2
+    S = M * topk
+    if (os.environ.get("DSV4_FP4_MOE_IMPL") is None and config is None and 0 < S <= CUDA_DECODE_DEFAULT_SLOTS
+            and _cuda_decode_unsupported(hidden_states, w13, w2, S, H, inter) is None):
+        return "cuda_decode"
+    return default_impl(regime(M, topk, E), hidden_states.device)
+
+
 def default_impl(regime_name: str = "decode", device=None) -> str:
     env = os.environ.get("DSV4_FP4_MOE_IMPL")
     if env:
@@ -747,11 +794,12 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     BM, BN, BK, GROUP_M, num_warps, num_stages of the picked tiles."""
     M, H, E, inter, topk = _check(hidden_states, w13, w13_scale, w2, w2_scale,
                                   topk_weights, topk_ids)
-    impl = impl or default_impl(regime(M, topk, E), hidden_states.device)
+    S = M * topk
+    impl = impl or pick_impl(hidden_states, w13, w2, topk, config)
     if impl not in IMPLS:
         _err(f"impl must be one of {list(IMPLS)}, got {impl!r}")
     interp = _interp()
-    if interp:
+    if interp and impl != "cuda_decode":
         impl = "dequant"
     dev = hidden_states.device
     if out is None:
@@ -762,7 +810,15 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
              f"{getattr(out, 'dtype', type(out).__name__)} {_shape(out)}")
     if M == 0:
         return out
-    S = M * topk
+    if impl == "cuda_decode":
+        why = _cuda_decode_unsupported(hidden_states, w13, w2, S, H, inter)
+        if why is None and config is not None:
+            why = "config (tiles) applies to the Triton impls only"
+        if why is not None:
+            _err(f"impl 'cuda_decode': {why}")
+        _cuda_decode(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, swiglu_limit,
+                     routed_scaling_factor, out, M, H, E, inter, topk)
+        return out
     c1, c2 = _pick_config(M, topk, E, inter, H, impl)
     c1, c2 = _merge_config(c1, c2, config)
     c1, c2 = _finish_config(c1, c2, inter, H)
@@ -853,6 +909,47 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     LAST_KERNELS["config"] = (dict(c1), dict(c2), impl)
     LAST_KERNELS["split_k"] = (sk1, sk2)
     return out
+
+
+_TW_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _cuda_decode(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk):
+    """Both decode kernels of csrc/fp4_moe (gemm1 + SiLU, gemm2 + combine) on the current stream.
+    Workspace per call (sizes from M, topk, hidden, I only: graph-safe): h bf16 [S, I], y fp32
+    [S, hidden] and gemm2's column-tile counters int32 [hidden / 32] (zeroed by gemm1).
+    The only host work is filling the parameter block: no sync, no per-device query."""
+    from deepseek_v4_kernel._ext import Fp4MoeDecodeParams, load
+
+    dev = x.device
+    S = M * topk
+    ids, tw = ids.contiguous(), tw.contiguous()
+    h = torch.empty(S, inter, dtype=torch.bfloat16, device=dev)
+    y = torch.empty(S, H, dtype=torch.float32, device=dev)
+    counters = torch.empty(H // DECODE_GEMM2_TILE, dtype=torch.int32, device=dev)
+    (s13, f13), (s2, f2) = _scale_arg(s13), _scale_arg(s2)
+    p = Fp4MoeDecodeParams()
+    p.x, p.x_stride = x.data_ptr(), x.stride(0)
+    p.w13, p.w13_stride_e, p.w13_stride_n = w13.data_ptr(), w13.stride(0), w13.stride(1)
+    p.s13, p.s13_stride_e, p.s13_stride_n, p.s13_f32 = s13.data_ptr(), s13.stride(0), s13.stride(1), int(f13)
+    p.w2, p.w2_stride_e, p.w2_stride_n = w2.data_ptr(), w2.stride(0), w2.stride(1)
+    p.s2, p.s2_stride_e, p.s2_stride_n, p.s2_f32 = s2.data_ptr(), s2.stride(0), s2.stride(1), int(f2)
+    p.topk_ids, p.ids_int64 = ids.data_ptr(), int(ids.dtype == torch.int64)
+    p.topk_weights, p.tw_dtype = tw.data_ptr(), _TW_CODE[tw.dtype]
+    p.h, p.y, p.counters = h.data_ptr(), y.data_ptr(), counters.data_ptr()
+    p.out, p.out_stride = out.data_ptr(), out.stride(0)
+    p.M, p.topk, p.E, p.hidden, p.inter = M, topk, E, H, inter
+    p.swiglu = int(swiglu_limit is not None)
+    p.swiglu_limit = float(swiglu_limit) if swiglu_limit is not None else 0.0
+    p.rsf = 1.0 if rsf is None else float(rsf)
+    lib = load()
+    with torch.cuda.device(dev):
+        rc = lib.dsv4_fp4_moe_decode(p, torch.cuda.current_stream(dev).cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
+    LAST_KERNELS.clear()
+    LAST_KERNELS["config"] = (None, None, "cuda_decode")
+    LAST_KERNELS["split_k"] = (1, 1)
 
 
 # --------------------------------------------------------------------------- SGLang shim

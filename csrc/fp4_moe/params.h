@@ -1,0 +1,56 @@
+// Plain POD parameter block of the MXFP4 MoE decode kernels (fp4_moe/kernel.cuh).
+// Every field is 8 bytes wide (pointer, int64_t or double) so the ctypes mirror in
+// deepseek_v4_kernel/_ext.py has no padding surprises. Keep the order in sync.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Most routed slots (tokens x top-k) per call: every block keeps the whole slot -> expert table in
+// shared memory (2 x 256 x 4 B) and counts it with two block-wide votes of 128 threads.
+// Checked at the C ABI (api.cu); Python's ops/fp4_moe.DECODE_MAX_SLOTS matches it.
+#define DSV4_FP4_MOE_MAX_SLOTS 256
+// Output columns per gemm2 block: one tile counter each (Fp4MoeDecodeParams.counters has hidden / 32).
+#define DSV4_FP4_MOE_GEMM2_TILE 32
+
+typedef struct Fp4MoeDecodeParams {
+  const void* x;              // bf16 [M, hidden], unit stride along hidden, rows 16-byte aligned
+  int64_t x_stride;           // elements between token rows
+  const void* w13;            // packed e2m1 [E, 2I, hidden/2] (gate rows, then up rows; low nibble first)
+  int64_t w13_stride_e;       // bytes
+  int64_t w13_stride_n;       // bytes (multiple of 16)
+  const void* s13;            // UE8M0 scales [E, 2I, hidden/32]: uint8 bytes or float32 powers of two
+  int64_t s13_stride_e;       // elements
+  int64_t s13_stride_n;
+  int64_t s13_f32;            // 1: float32 (the exponent field is read), 0: uint8
+  const void* w2;             // packed e2m1 [E, hidden, I/2]
+  int64_t w2_stride_e;
+  int64_t w2_stride_n;
+  const void* s2;             // [E, hidden, I/32]
+  int64_t s2_stride_e;
+  int64_t s2_stride_n;
+  int64_t s2_f32;
+  const void* topk_ids;       // contiguous [M, topk], int32 or int64; id < 0 or >= E: slot dropped
+  int64_t ids_int64;
+  const void* topk_weights;   // contiguous [M, topk]
+  int64_t tw_dtype;           // 0: float32, 1: bf16, 2: fp16
+  void* h;                    // workspace bf16 [M*topk, I]: silu(gate) * up per slot
+  float* y;                   // workspace fp32 [M*topk, hidden]: h W2^T per slot
+  int32_t* counters;          // workspace int32 [hidden / DSV4_FP4_MOE_GEMM2_TILE] (any content: gemm1 zeroes it for gemm2)
+  void* out;                  // bf16 [M, hidden], unit stride along hidden
+  int64_t out_stride;         // elements between token rows
+  int64_t M;
+  int64_t topk;
+  int64_t E;
+  int64_t hidden;             // multiple of 128
+  int64_t inter;              // I, multiple of 128
+  int64_t swiglu;             // 1: gate = min(gate, limit), up = clamp(up, -limit, limit)
+  double swiglu_limit;
+  double rsf;                 // routed scaling factor (1.0 when none)
+} Fp4MoeDecodeParams;
+
+#ifdef __cplusplus
+}
+#endif
