@@ -85,8 +85,7 @@ __device__ __forceinline__ uint32_t ld_scale_exp(const void* base, int64_t idx) 
 }
 
 // ---- e2m1 -> bf16 ---------------------------------------------------------------------------------------
-// Two packed bytes (b0 = bits 7..0, b1 = bits 15..8 of `two`) -> lo = {lo(b0), lo(b1)},
-// hi = {hi(b0), hi(b1)} as bf16x2 carrying e2m1 * 2^-126: magnitude bits to bf16 bits 8..6, sign to 15
+// Two packed bytes of `word` (`sel` picks b0, b1) -> lo = {lo(b0), lo(b1)}, hi = {hi(b0), hi(b1)} as bf16x2 carrying e2m1 * 2^-126: magnitude bits to bf16 bits 8..6, sign to 15
 // (code 1 = 0.5 lands on the subnormal 2^-127). Multiplying by 2^126 * scale makes them exact.
 __device__ __forceinline__ void e2m1x4_to_bf16x2(uint32_t word, uint32_t sel, uint32_t& lo, uint32_t& hi) {
   const uint32_t t = __byte_perm(word, 0u, sel);   // b0 -> bits 7..0, b1 -> bits 23..16
@@ -99,8 +98,8 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// One K step of one lane: 4 weight rows x 16 bytes and their scale exponents (kept kStages deep: DRAM), and
-// 32 B-operand values (kept 2 deep: they come from L2, one step of compute covers that latency).
+// One K step of one lane: kRows weight rows x 16 bytes and their scale exponents (a ring kStages deep: they
+// come from DRAM), and 32 B-operand values (one buffer refilled during the step: they come from L2).
 struct WeightStep {
   uint4 w[kRows];
   uint32_t e[kRows];
@@ -109,7 +108,8 @@ struct OperandStep {
   uint4 b[4];
 };
 
-// The 4 rows of a lane: [tile 0: g, g + 8; tile 1: g, g + 8] as row pointers + scale row bases.
+// The kRows rows of a lane (lane-row r = tile r / 2, row g + 8 (r % 2) of it; each kernel maps r to a
+// weight row) as row pointers + scale row offsets.
 struct Rows {
   const uint8_t* w[kRows];
   int64_t s[kRows];   // scale element offset of the row

@@ -76,7 +76,7 @@ _IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}   # the Triton impls
 # "cuda_decode": the compiled decode kernels (csrc/fp4_moe): at most DECODE_MAX_SLOTS = M * topk slots
 # (DSV4_FP4_MOE_MAX_SLOTS in csrc/fp4_moe/params.h, checked at the C ABI); the default wherever it
 # applies (_cuda_decode_unsupported) up to CUDA_DECODE_DEFAULT_SLOTS slots: on the H100 (run 7,
-# docs/fp4_moe.md) it beats "dequant" by 1.32x at 1 token, 1.14x at 8, ties at 32 tokens (192 slots)
+# docs/fp4_moe.md) it beats "dequant" by 1.3-1.4x at 1 token, 1.1x at 8, ties at 32 tokens (192 slots)
 # and is 1.4 % slower at 42 tokens.
 DECODE_MAX_SLOTS = 256
 CUDA_DECODE_DEFAULT_SLOTS = 192
