@@ -24,22 +24,46 @@ def timeit(fn, iters=20, warmup=3):
     return ts[len(ts) // 2]
 
 
+def capture_graph(fn, reps=10):
+    """One warm-up call, then `reps` calls of `fn` captured in a CUDA graph (replayed once)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def kernel_times(fn, reps=5, iters=3):
+    """Median device time per kernel name (torch profiler over replays of a graph of `reps` calls
+    of `fn`). With PDL a kernel's span includes its early residency (waiting for the previous one)."""
+    from torch.profiler import ProfilerActivity, profile
+    g = capture_graph(fn, reps)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            g.replay()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per.setdefault(e.name.split("(")[0][:60], []).append(e.time_range.elapsed_us())
+    return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
+
+
 def timeit_graph(fn, reps=10, iters=10):
     """Per-call time in µs with `reps` calls captured in one CUDA graph (as SGLang decode runs): no
     host overhead in the number. Returns (µs, True), or eager timing and False if capture fails."""
-    fn()
+    fn()   # an error of fn itself surfaces here, not as a failed capture
     torch.cuda.synchronize()
     try:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            with torch.cuda.graph(g):
-                for _ in range(reps):
-                    fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g.replay()
-        torch.cuda.synchronize()
+        g = capture_graph(fn, reps)
     except Exception as e:  # noqa: BLE001
         print("graph capture failed, eager timing:", str(e)[:160])
         return timeit(fn), False

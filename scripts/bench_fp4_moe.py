@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from deepseek_v4_kernel.ops import fp4_moe as op  # noqa: E402
 from deepseek_v4_kernel.reference.fp4_moe import E2M1_VALUES, fp4_moe_reference  # noqa: E402
-from bench_common import bf16_flops, copy_bw, timeit, timeit_graph  # noqa: E402  (scripts/ is sys.path[0])
+from bench_common import bf16_flops, copy_bw, kernel_times, timeit, timeit_graph  # noqa: E402  (scripts/ is sys.path[0])
 
 E, TOPK, H, I = 256, 6, 4096, 2048
 TOKENS = [1, 8, 32, 128, 1024, 8192]
@@ -152,33 +152,6 @@ def run_ours(x, w, tw, ids, impl, out, config=None):
                       out=out, config=config)
 
 
-def profile_kernels(fn, reps=5):
-    """Median device time per kernel name (torch profiler over CUDA-graph replays of `fn`). With PDL
-    a kernel's span includes its early residency (waiting for the previous kernel)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            g.replay()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            per.setdefault(e.name.split("(")[0][:60], []).append(e.time_range.elapsed_us())
-    return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
-
-
 def check_small(w, impls):
     """Spot check at 8 tokens vs the float64 reference (relative to the output scale)."""
     x, tw, ids = make_routing(8, seed=7)
@@ -249,7 +222,7 @@ def main():
                     row[f"{impl}_smem"] = [op.LAST_KERNELS["gemm1"].metadata.shared,
                                            op.LAST_KERNELS["gemm2"].metadata.shared]
                 if args.profile and M <= 32:
-                    row[f"{impl}_kernels_us"] = profile_kernels(lambda: run_ours(x, w, tw, ids, impl, out))
+                    row[f"{impl}_kernels_us"] = kernel_times(lambda: run_ours(x, w, tw, ids, impl, out))
                     print(f"M={M} {impl} kernels (us):", {k: round(v, 1) for k, v in row[f"{impl}_kernels_us"].items()})
                 if M <= 32 and impl in ("dequant", "cuda_decode"):   # float32 scales, as SGLang keeps them
                     row[f"{impl}_f32_scales_us"], _ = timeit_graph(
