@@ -59,6 +59,19 @@ class Fp4MoeDecodeParams(ctypes.Structure):
     ]
 
 
+def _bind(lib, path, op, params):
+    """Types of the C entry ``dsv4_<op>(const Params*, stream)``; checks that the library's parameter
+    block (``dsv4_<op>_params_size``) has the size of the ctypes mirror."""
+    getattr(lib, f"dsv4_{op}_params_size").restype = ctypes.c_int
+    fn = getattr(lib, f"dsv4_{op}")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(params), ctypes.c_void_p]
+    size = getattr(lib, f"dsv4_{op}_params_size")()
+    if size != ctypes.sizeof(params):
+        raise ExtensionUnavailable(f"{path}: {params.__name__} size {size} != ctypes mirror "
+                                   f"{ctypes.sizeof(params)} (stale build? rerun scripts/build_ext.sh)")
+
+
 def load():
     """The loaded library (cached); raises ExtensionUnavailable with the path and dlopen error."""
     global _LIB
@@ -78,23 +91,10 @@ def load():
         lib.dsv4_last_error.restype = ctypes.c_char_p
         lib.dsv4_build_archs.restype = ctypes.c_char_p
         lib.dsv4_abi_version.restype = ctypes.c_int
-        lib.dsv4_sparse_decode_params_size.restype = ctypes.c_int
-        lib.dsv4_sparse_decode.restype = ctypes.c_int
-        lib.dsv4_sparse_decode.argtypes = [ctypes.POINTER(SparseDecodeParams), ctypes.c_void_p]
-        size = lib.dsv4_sparse_decode_params_size()
-        if size != ctypes.sizeof(SparseDecodeParams):
-            raise ExtensionUnavailable(f"{path}: SparseDecodeParams size {size} != ctypes mirror "
-                                       f"{ctypes.sizeof(SparseDecodeParams)} (stale build? rerun scripts/build_ext.sh)")
+        _bind(lib, path, "sparse_decode", SparseDecodeParams)
         # fp4_moe decode kernels (absent from libraries built before they existed: has_fp4_moe_decode())
         if hasattr(lib, "dsv4_fp4_moe_decode"):
-            lib.dsv4_fp4_moe_decode_params_size.restype = ctypes.c_int
-            lib.dsv4_fp4_moe_decode.restype = ctypes.c_int
-            lib.dsv4_fp4_moe_decode.argtypes = [ctypes.POINTER(Fp4MoeDecodeParams), ctypes.c_void_p]
-            size = lib.dsv4_fp4_moe_decode_params_size()
-            if size != ctypes.sizeof(Fp4MoeDecodeParams):
-                raise ExtensionUnavailable(f"{path}: Fp4MoeDecodeParams size {size} != ctypes mirror "
-                                           f"{ctypes.sizeof(Fp4MoeDecodeParams)} (stale build? rerun "
-                                           f"scripts/build_ext.sh)")
+            _bind(lib, path, "fp4_moe_decode", Fp4MoeDecodeParams)
         _LIB = lib
         return lib
 

@@ -465,7 +465,7 @@ def test_cuda_decode_routing(case):
         assert (res == 0).all()
     again = op.fp4_moe(x, *w, tw.to(w_dtype), ids.to(id_dtype), swiglu_limit=10.0, routed_scaling_factor=2.5,
                        impl="cuda_decode")
-    assert torch.equal(res, again), "not deterministic (or the tile counters were not reset)"
+    assert torch.equal(res, again), "not deterministic (or gemm2's tile counters were not zeroed by gemm1)"
 
 
 @pytest.mark.gpu
