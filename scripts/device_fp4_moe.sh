@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
 # One device iteration for fp4_moe: GPU tests + bench (+ optional tile sweep), logs under $OUT.
 # Usage on the device machine (repo root): OUT=/some/dir [SWEEP=1 SWEEP_BUDGET=90] [QUICK=1]
-#   [TEST_K='expr'] [IMPLS=dequant,cuda_decode] [TOKENS=1,2,4] bash scripts/device_fp4_moe.sh
+#   [TEST_K='expr'] [IMPLS=dequant,cuda_decode] [TOKENS=1,2,4] [REF_CSRC=build/ref/csrc]
+#   [VARIANT_FLAGS='-DDSV4_FP4_MOE_STAGES=4;-DDSV4_FP4_MOE_MIN_BLOCKS=4'] bash scripts/device_fp4_moe.sh
 # The extension (csrc/, for the cuda_decode impl) is built here first unless deepseek_v4_kernel/_C.so exists.
+# A/B in one call: REF_CSRC (another csrc/ tree, e.g. made here with `git archive main csrc | tar -x -C
+# build/ref` and carried) and each VARIANT_FLAGS entry (-D overrides of this tree) are built into their own
+# library and benched again after the main bench (DSV4_KERNEL_LIB; impls dequant,cuda_decode, so each log
+# has its same-process competitor); bench_ref.log, bench_variant<i>.log.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(pwd)/build/fp4_moe_out}
 mkdir -p "$OUT"
 { nvidia-smi -L; python -c "import torch, triton, sys; print(sys.version); print(torch.__version__, triton.__version__)"; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+BUILD="env DSV4_KERNEL_EXTRA_ARCHS=90a NVCC_THREADS=4 bash scripts/build_ext.sh"
+mkdir -p build/variants
 if [ ! -f deepseek_v4_kernel/_C.so ]; then
-    DSV4_KERNEL_EXTRA_ARCHS=90a NVCC_THREADS=8 bash scripts/build_ext.sh deepseek_v4_kernel/_C.so > "$OUT/build.log" 2>&1
-    echo "extension build rc=$?"
+    $BUILD deepseek_v4_kernel/_C.so > "$OUT/build.log" 2>&1 &
 fi
+if [ -n "${REF_CSRC:-}" ]; then
+    DSV4_CSRC=$(cd "$REF_CSRC" && pwd) $BUILD build/variants/ref.so > build/variants/build_ref.log 2>&1 &
+fi
+IFS=';' read -r -a VARIANTS <<< "${VARIANT_FLAGS:-}"
+for i in "${!VARIANTS[@]}"; do
+    DSV4_NVCC_FLAGS="${VARIANTS[$i]}" $BUILD "build/variants/variant$i.so" > "build/variants/build_variant$i.log" 2>&1 &
+done
+wait
+ls -la deepseek_v4_kernel/_C.so build/variants/*.so 2>&1
 t0=$(date +%s)
 timeout ${TEST_TIMEOUT:-150} python -m pytest -q -rs tests/test_fp4_moe.py -p no:cacheprovider \
     --durations=12 ${TEST_K:+-k "$TEST_K"} --junitxml="$OUT/pytest.xml" > "$OUT/pytest_full.log" 2>&1
@@ -25,3 +40,16 @@ timeout ${BENCH_TIMEOUT:-200} python scripts/bench_fp4_moe.py --out "$OUT" \
 echo "bench rc=$? ($(( $(date +%s) - t0 )) s)"
 grep -v '^sweep' "$OUT/bench.log" | tail -40
 grep '^sweep' "$OUT/bench.log" | cut -c1-400
+bench_lib() {  # name, library
+    t0=$(date +%s)
+    DSV4_KERNEL_LIB=$2 timeout ${BENCH_TIMEOUT:-200} python scripts/bench_fp4_moe.py --out "build/variants/$1" \
+        --impls dequant,cuda_decode ${TOKENS:+--tokens $TOKENS} --no-baselines > "$OUT/bench_$1.log" 2>&1
+    echo "bench $1 rc=$? ($(( $(date +%s) - t0 )) s)"
+    tail -14 "$OUT/bench_$1.log"
+}
+[ -n "${REF_CSRC:-}" ] && bench_lib ref "$(pwd)/build/variants/ref.so"
+for i in "${!VARIANTS[@]}"; do
+    echo "variant$i: ${VARIANTS[$i]}"
+    bench_lib "variant$i" "$(pwd)/build/variants/variant$i.so"
+done
+true
