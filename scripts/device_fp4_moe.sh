@@ -6,8 +6,9 @@
 # The extension (csrc/, for the cuda_decode impl) is built here first unless deepseek_v4_kernel/_C.so exists.
 # A/B in one call: REF_CSRC (another csrc/ tree, e.g. made here with `git archive main csrc | tar -x -C
 # build/ref` and carried) and each VARIANT_FLAGS entry (-D overrides of this tree) are built into their own
-# library and benched again after the main bench (DSV4_KERNEL_LIB; impls dequant,cuda_decode, so each log
-# has its same-process competitor); bench_ref.log, bench_variant<i>.log.
+# library, tested (the cuda_decode cases of test_fp4_moe.py) and benched again after the main bench (DSV4_KERNEL_LIB;
+# impls dequant,cuda_decode, so each has its same-process competitor), all logged to $OUT/variants.log
+# (names ref, variant<i>). E.g. VARIANT_FLAGS=-DDSV4_FP4_MOE_IMAD_DECODE=1 (csrc/fp4_moe/kernel.cuh).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(pwd)/build/fp4_moe_out}
@@ -40,12 +41,18 @@ timeout ${BENCH_TIMEOUT:-200} python scripts/bench_fp4_moe.py --out "$OUT" \
 echo "bench rc=$? ($(( $(date +%s) - t0 )) s)"
 grep -v '^sweep' "$OUT/bench.log" | tail -40
 grep '^sweep' "$OUT/bench.log" | cut -c1-400
-bench_lib() {  # name, library
+bench_lib() {  # name, library: the cuda_decode GPU tests against it, then the bench; all into variants.log
+    local log=build/variants/$1.log
+    t0=$(date +%s)
+    DSV4_KERNEL_LIB=$2 timeout ${TEST_TIMEOUT:-150} python -m pytest -q -rs tests/test_fp4_moe.py -p no:cacheprovider \
+        -k "cuda_decode or default or uint8_scales" > "$log" 2>&1
+    echo "pytest $1 (cuda_decode tests) rc=$? ($(( $(date +%s) - t0 )) s): $(tail -1 "$log")"
     t0=$(date +%s)
     DSV4_KERNEL_LIB=$2 timeout ${BENCH_TIMEOUT:-200} python scripts/bench_fp4_moe.py --out "build/variants/$1" \
-        --impls dequant,cuda_decode ${TOKENS:+--tokens $TOKENS} --no-baselines > "$OUT/bench_$1.log" 2>&1
+        --impls dequant,cuda_decode ${TOKENS:+--tokens $TOKENS} --no-baselines >> "$log" 2>&1
     echo "bench $1 rc=$? ($(( $(date +%s) - t0 )) s)"
-    tail -14 "$OUT/bench_$1.log"
+    tail -14 "$log"
+    { echo "===== $1 ($2)"; cat "$log"; } >> "$OUT/variants.log"
 }
 [ -n "${REF_CSRC:-}" ] && bench_lib ref "$(pwd)/build/variants/ref.so"
 for i in "${!VARIANTS[@]}"; do

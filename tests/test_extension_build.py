@@ -28,14 +28,14 @@ def _kernel_smem_constant():
             "sparse_decode_mma64_kernel": env["kM64SmemBytes"]}
 
 
-def _compile_sm120a(tmp_path, unit):
-    """{kernel name: (registers, static smem)} of one translation unit built for sm_120a; asserts no
-    spills and <= 255 registers for every kernel."""
+def _compile_sm120a(tmp_path, unit, flags=()):
+    """{kernel name: (registers, static smem)} of one translation unit built for sm_120a (extra nvcc
+    `flags`, e.g. -D switches); asserts no spills and <= 255 registers for every kernel."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC)")
     cmd = [nvcc, "--resource-usage", "-O3", "-std=c++17", "-gencode", "arch=compute_120a,code=sm_120a",
-           "-I", os.path.join(ROOT, "csrc"), "-c", os.path.join(ROOT, "csrc", unit),
+           *flags, "-I", os.path.join(ROOT, "csrc"), "-c", os.path.join(ROOT, "csrc", unit),
            "-o", str(tmp_path / "unit.o")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -68,12 +68,31 @@ def test_sparse_decode_resources_sm120a(tmp_path):
     assert any("sparse_decode_mma64_kernel" in n for n in seen)
 
 
-def test_fp4_moe_decode_resources_sm120a(tmp_path):
+@pytest.mark.parametrize("flags", [(), ("-DDSV4_FP4_MOE_IMAD_DECODE=1",)], ids=["default", "imad_decode"])
+def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
     """Both decode kernels, each for uint8 and float32 scales; static shared memory only. Three
-    128-thread blocks per SM need <= 170 registers (65536 / 384)."""
-    seen = _compile_sm120a(tmp_path, "fp4_moe/fp4_moe.cu")
+    128-thread blocks per SM need <= 170 registers (65536 / 384). Also the pending decode variant."""
+    seen = _compile_sm120a(tmp_path, "fp4_moe/fp4_moe.cu", flags)
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()})
     assert sum("fp4_moe_gemm1_kernel" in n for n in seen) == 2 and sum("fp4_moe_gemm2_kernel" in n for n in seen) == 2
     for name, (regs, static_smem) in seen.items():
         assert 0 < static_smem <= SMEM_LIMIT, (name, static_smem)
         assert regs <= 170, (name, regs)
+
+
+def test_fp4_moe_e2m1_decode_on_host(tmp_path):
+    """The DSV4_FP4_MOE_IMAD_DECODE variant's e2m1 -> bf16 bit trick, compiled from kernel.cuh and run on the CPU:
+    every byte pair in every position decodes to exactly e2m1 * 2^-126, and a model of one step's K
+    permutation (A halves vs the B halves the kernel selects with prmt) gives the exact dot product
+    (tests/host/fp4_decode_check.cu). The GPU tests of test_fp4_moe.py check the kernels end to end."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (set NVCC)")
+    exe = tmp_path / "fp4_decode_check"
+    r = subprocess.run([nvcc, "-O2", "-std=c++17", "-I", os.path.join(ROOT, "csrc"),
+                        os.path.join(ROOT, "tests", "host", "fp4_decode_check.cu"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("OK "), r.stdout + r.stderr
+    assert int(r.stdout.split()[1]) == 8 * 65536 + 2000
