@@ -68,10 +68,11 @@ def test_sparse_decode_resources_sm120a(tmp_path):
     assert any("sparse_decode_mma64_kernel" in n for n in seen)
 
 
-@pytest.mark.parametrize("flags", [(), ("-DDSV4_FP4_MOE_IMAD_DECODE=1",)], ids=["default", "imad_decode"])
+@pytest.mark.parametrize("flags", [(), ("-DDSV4_FP4_MOE_IMAD_DECODE=1", "-DDSV4_FP4_MOE_EARLY_WEIGHTS=1")],
+                         ids=["default", "pending_variants"])
 def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
     """Both decode kernels, each for uint8 and float32 scales; static shared memory only. Three
-    128-thread blocks per SM need <= 170 registers (65536 / 384). Also the pending decode variant."""
+    128-thread blocks per SM need <= 170 registers (65536 / 384). Also the pending (unmeasured) variants."""
     seen = _compile_sm120a(tmp_path, "fp4_moe/fp4_moe.cu", flags)
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()})
     assert sum("fp4_moe_gemm1_kernel" in n for n in seen) == 2 and sum("fp4_moe_gemm2_kernel" in n for n in seen) == 2

@@ -64,6 +64,13 @@ constexpr int kMaxSlots = DSV4_FP4_MOE_MAX_SLOTS;
 #define DSV4_FP4_MOE_IMAD_DECODE 0
 #endif
 constexpr bool kImadDecode = DSV4_FP4_MOE_IMAD_DECODE != 0;
+// Early weights: 0 = a block issues its first weight loads after the routing votes (measured, the default);
+// 1 = right after reading its own slot's expert, so the DRAM round trip overlaps the votes (a block that
+// turns out to be a duplicate drops them). Not yet run on a GPU (docs/fp4_moe.md, "Pending").
+#ifndef DSV4_FP4_MOE_EARLY_WEIGHTS
+#define DSV4_FP4_MOE_EARLY_WEIGHTS 0
+#endif
+constexpr bool kEarlyWeights = DSV4_FP4_MOE_EARLY_WEIGHTS != 0;
 constexpr int kStages = DSV4_FP4_MOE_STAGES;  // weight steps in flight per warp (20 registers each)
 constexpr int kMinBlocks = DSV4_FP4_MOE_MIN_BLOCKS;
 // Static shared memory per block: slot table + this expert's slots (2 x 256 x 4 = 2048 B) + the
@@ -247,22 +254,35 @@ __device__ __forceinline__ void compute_step(float (&acc)[kTiles][4], const Weig
     compute_step_body<false>(acc, st, op, next);
 }
 
-// This warp's share of the K loop (steps warp, warp + 4, ...): weights kStages - 1 steps ahead, the B
-// operand one step ahead (refilled inside compute_step). kWaitAfterWeights: issue the first weight loads,
-// then pdl_wait(), then the B operand (gemm2: h comes from gemm1).
+__device__ __forceinline__ int warp_steps(int steps, int warp) {
+  return steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;
+}
+
+// The first kStages - 1 weight steps of this warp's share of the K loop (steps warp, warp + 4, ...).
+template <bool kScaleF32>
+__device__ __forceinline__ void prime_weights(WeightStep (&ring)[kStages], const Rows& rows, const void* scales,
+                                              int steps, int warp, int c) {
+  const int n = warp_steps(steps, warp);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i)
+    if (i < n) load_weights<kScaleF32>(ring[i], rows, scales, warp + i * kWarps, c);
+}
+
+// This warp's share of the K loop: weights kStages - 1 steps ahead, the B operand one step ahead (refilled
+// inside compute_step). `primed`: the caller already issued the first weight steps into `ring`
+// (prime_weights). kWaitAfterWeights: issue the first weight loads, then pdl_wait(), then the B operand
+// (gemm2: h comes from gemm1).
 template <bool kScaleF32, bool kWaitAfterWeights>
-__device__ __forceinline__ void warp_gemm(float (&acc)[kTiles][4], const Rows& rows, const void* scales,
-                                          const __nv_bfloat16* brow, int steps, int warp, int c) {
+__device__ __forceinline__ void warp_gemm(float (&acc)[kTiles][4], WeightStep (&ring)[kStages], bool primed,
+                                          const Rows& rows, const void* scales, const __nv_bfloat16* brow,
+                                          int steps, int warp, int c) {
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
-  const int n = steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;
-  WeightStep ring[kStages];
+  const int n = warp_steps(steps, warp);
   OperandStep op;
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i)
-    if (i < n) load_weights<kScaleF32>(ring[i], rows, scales, warp + i * kWarps, c);
+  if (!primed) prime_weights<kScaleF32>(ring, rows, scales, steps, warp, c);
   if (kWaitAfterWeights) pdl_wait();
   if (n > 0) load_operand(op, brow, warp, c);
   const __nv_bfloat16* bnext = brow != nullptr ? brow + (int64_t)(warp + kWarps) * kStepK + c * 32 : nullptr;
@@ -286,16 +306,19 @@ struct SlotTable {
   int last;                // gemm2: this block finishes the tile
 };
 
+// Expert of slot i, -1 when dropped (out of range).
+__device__ __forceinline__ int slot_expert(const Fp4MoeDecodeParams& p, int i) {
+  const int64_t id = p.ids_int64 ? __ldcg(reinterpret_cast<const long long*>(p.topk_ids) + i)
+                                 : (int64_t)__ldcg(reinterpret_cast<const int*>(p.topk_ids) + i);
+  return (id >= 0 && id < p.E) ? (int)id : -1;
+}
+
 // Fills the table; returns the block's expert (-1: the block has nothing to do) and, in *n_valid, the
 // number of valid slots. Every thread of the block must call it (block-wide votes).
 __device__ __forceinline__ int route_block(const Fp4MoeDecodeParams& p, SlotTable& tab, int* n_valid) {
   const int S = (int)(p.M * p.topk);
   const int tid = threadIdx.x;
-  for (int i = tid; i < S; i += kThreads) {
-    const int64_t id = p.ids_int64 ? __ldcg(reinterpret_cast<const long long*>(p.topk_ids) + i)
-                                   : (int64_t)__ldcg(reinterpret_cast<const int*>(p.topk_ids) + i);
-    tab.expert[i] = (id >= 0 && id < p.E) ? (int)id : -1;
-  }
+  for (int i = tid; i < S; i += kThreads) tab.expert[i] = slot_expert(p, i);
   __syncthreads();
   const int j = blockIdx.y;
   const int e = tab.expert[j];
@@ -341,19 +364,7 @@ __device__ __forceinline__ void store_partials(float (*part)[8][kCols], const fl
 
 // ---- gemm1: gate | up, fused clamp + SiLU * up -> h (bf16) --------------------------------------------------
 // Lane-row r < kTiles is gate row n0 + 8 r + g, lane-row kTiles + r the up row of the same index.
-template <bool kScaleF32>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm1_kernel(Fp4MoeDecodeParams p) {
-  __shared__ SlotTable tab;
-  __shared__ float part[kWarps][kRows][8][kCols];
-  pdl_wait();                 // topk_ids and x come from earlier kernels
-  pdl_launch_dependents();    // gemm2 may get resident and prefetch its weights
-  if (blockIdx.y == 0 && threadIdx.x == 0)   // gemm2's tile counters: zeroed here, so the caller need not
-    for (int i = blockIdx.x; i < p.hidden / kGemm2Rows; i += gridDim.x) p.counters[i] = 0;
-  int n_valid;
-  const int e = route_block(p, tab, &n_valid);
-  if (e < 0) return;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-  const int n0 = blockIdx.x * kGemm1Rows;
+__device__ __forceinline__ Rows gemm1_rows(const Fp4MoeDecodeParams& p, int e, int n0, int g) {
   const uint8_t* wbase = reinterpret_cast<const uint8_t*>(p.w13) + (int64_t)e * p.w13_stride_e;
   const int64_t sbase = (int64_t)e * p.s13_stride_e;
   Rows rows;
@@ -363,6 +374,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm1_kernel(Fp4
     rows.w[r] = wbase + row * p.w13_stride_n;
     rows.s[r] = sbase + row * p.s13_stride_n;
   }
+  return rows;
+}
+
+template <bool kScaleF32>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm1_kernel(Fp4MoeDecodeParams p) {
+  __shared__ SlotTable tab;
+  __shared__ float part[kWarps][kRows][8][kCols];
+  pdl_wait();                 // topk_ids and x come from earlier kernels
+  pdl_launch_dependents();    // gemm2 may get resident and prefetch its weights
+  if (blockIdx.y == 0 && threadIdx.x == 0)   // gemm2's tile counters: zeroed here, so the caller need not
+    for (int i = blockIdx.x; i < p.hidden / kGemm2Rows; i += gridDim.x) p.counters[i] = 0;
+  WeightStep ring[kStages];
+  Rows rows;
+  bool primed = false;
+  if constexpr (kEarlyWeights) {   // the expert route_block returns if this block runs (same slot, same value)
+    const int e0 = slot_expert(p, blockIdx.y);
+    if (e0 >= 0) {
+      const int lane = threadIdx.x & 31;
+      rows = gemm1_rows(p, e0, blockIdx.x * kGemm1Rows, lane >> 2);
+      prime_weights<kScaleF32>(ring, rows, p.s13, (int)(p.hidden / kStepK), threadIdx.x >> 5, lane & 3);
+      primed = true;
+    }
+  }
+  int n_valid;
+  const int e = route_block(p, tab, &n_valid);
+  if (e < 0) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  const int n0 = blockIdx.x * kGemm1Rows;
+  if (!primed) rows = gemm1_rows(p, e, n0, g);
   const int steps = (int)(p.hidden / kStepK);
   const float limit = (float)p.swiglu_limit;
   __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(p.h);
@@ -372,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm1_kernel(Fp4
     if (col < tab.ncols)
       brow = reinterpret_cast<const __nv_bfloat16*>(p.x) + (int64_t)(tab.cols[col] / p.topk) * p.x_stride;
     float acc[kTiles][4];
-    warp_gemm<kScaleF32, false>(acc, rows, p.s13, brow, steps, warp, c);
+    warp_gemm<kScaleF32, false>(acc, ring, primed && c0 == 0, rows, p.s13, brow, steps, warp, c);
     store_partials(part[warp], acc, g, c);
     __syncthreads();
     const int j = tid / kCols, slot_col = c0 + tid % kCols;   // gate row n0 + j
@@ -403,6 +443,19 @@ __device__ __forceinline__ float topk_weight(const Fp4MoeDecodeParams& p, int sl
 
 // ---- gemm2: y = h W2^T per slot, then the tile's last block combines the slots of every token ---------------
 // Lane-row r is W2 row (output column) n0 + 8 r + g.
+__device__ __forceinline__ Rows gemm2_rows(const Fp4MoeDecodeParams& p, int e, int n0, int g) {
+  const uint8_t* wbase = reinterpret_cast<const uint8_t*>(p.w2) + (int64_t)e * p.w2_stride_e;
+  const int64_t sbase = (int64_t)e * p.s2_stride_e;
+  Rows rows;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = n0 + 8 * r + g;
+    rows.w[r] = wbase + row * p.w2_stride_n;
+    rows.s[r] = sbase + row * p.s2_stride_n;
+  }
+  return rows;
+}
+
 template <bool kScaleF32>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm2_kernel(Fp4MoeDecodeParams p) {
   __shared__ SlotTable tab;
@@ -411,6 +464,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm2_kernel(Fp4
   const int n0 = blockIdx.x * kGemm2Rows;
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
   // topk_ids were written before gemm1 started (gemm1 passed its pdl_wait before letting this grid in)
+  WeightStep ring[kStages];
+  Rows rows;
+  bool primed = false;
+  if constexpr (kEarlyWeights) {   // as in gemm1
+    const int e0 = slot_expert(p, blockIdx.y);
+    if (e0 >= 0) {
+      rows = gemm2_rows(p, e0, n0, g);
+      prime_weights<kScaleF32>(ring, rows, p.s2, (int)(p.inter / kStepK), warp, c);
+      primed = true;
+    }
+  }
   int n_valid;
   const int e = route_block(p, tab, &n_valid);
   if (e < 0) {
@@ -421,22 +485,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm2_kernel(Fp4
     }
     return;
   }
-  const uint8_t* wbase = reinterpret_cast<const uint8_t*>(p.w2) + (int64_t)e * p.w2_stride_e;
-  const int64_t sbase = (int64_t)e * p.s2_stride_e;
-  Rows rows;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t row = n0 + 8 * r + g;
-    rows.w[r] = wbase + row * p.w2_stride_n;
-    rows.s[r] = sbase + row * p.s2_stride_n;
-  }
+  if (!primed) rows = gemm2_rows(p, e, n0, g);
   const int steps = (int)(p.inter / kStepK);
   const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(p.h);
   for (int c0 = 0; c0 < tab.ncols; c0 += kCols) {
     const int col = c0 + g;
     const __nv_bfloat16* brow = col < tab.ncols ? h + (int64_t)tab.cols[col] * p.inter : nullptr;
     float acc[kTiles][4];
-    warp_gemm<kScaleF32, true>(acc, rows, p.s2, brow, steps, warp, c);   // waits for gemm1 inside
+    warp_gemm<kScaleF32, true>(acc, ring, primed && c0 == 0, rows, p.s2, brow, steps, warp, c);   // waits for gemm1 inside
     store_partials(part[warp], acc, g, c);
     __syncthreads();
     for (int i = tid; i < kGemm2Rows * kCols; i += kThreads) {
