@@ -23,9 +23,29 @@ static int set_error(const char* op, cudaError_t e, const char* what) {
   return (int)e;
 }
 
+// Compiled with every other kernel of the library (same -gencode list), so whether the current device can
+// load it says whether it can run the library's kernels.
+__global__ void dsv4_device_probe_kernel() {}
+
 extern "C" {
 
 const char* dsv4_last_error(void) { return g_last_error; }
+
+// 0 when the current CUDA device can run this library's kernels; else the CUDA error, e.g.
+// cudaErrorNoKernelImageForDevice for a GPU whose arch the library was not built for (sm_120a code runs on
+// compute capability 12.0 only). Asked once per device by deepseek_v4_kernel/ops/_device.py, so that an
+// op hands the call back instead of failing at launch.
+int dsv4_device_supported(void) {
+  g_last_error[0] = 0;
+  cudaFuncAttributes attr;
+  const cudaError_t e = cudaFuncGetAttributes(&attr, dsv4_device_probe_kernel);
+  if (e != cudaSuccess) {
+    cudaGetLastError();   // not sticky: clear it for the caller's next CUDA call
+    return set_error("device check", e, "the current device cannot run this library's kernels (built for "
+                     DSV4_BUILD_ARCHS ")");
+  }
+  return 0;
+}
 
 const char* dsv4_build_archs(void) { return DSV4_BUILD_ARCHS; }
 

@@ -61,9 +61,20 @@ def _extension_info() -> dict:
         from . import _ext
 
         _ext.load()
-        return {"loads": True, "path": _ext.lib_path(), "archs": _ext.built_archs()}
+        info = {"loads": True, "path": _ext.lib_path(), "archs": _ext.built_archs()}
     except Exception as e:
         return {"loads": False, "error": f"{type(e).__name__}: {e}"}
+    try:  # can the current GPU run it (the ops ask the same once per device and hand back if not)
+        import torch
+
+        if torch.cuda.is_available():
+            from .ops._device import extension_error
+
+            why = extension_error(torch.device("cuda", torch.cuda.current_device()))
+            info["this_gpu"] = {"runs": why is None, "why": why}
+    except Exception as e:
+        info["this_gpu"] = {"runs": False, "why": f"check failed: {type(e).__name__}: {e}"}
+    return info
 
 
 def _targets(import_modules: bool) -> dict:
@@ -136,6 +147,11 @@ def format_text(d: dict) -> str:
     e = d["extension"]
     lines.append(f"extension: loads, built for {', '.join(e['archs'])} ({e['path']})" if e["loads"]
                  else f"extension: does not load: {e['error']}")
+    g = e.get("this_gpu")
+    if g is not None:
+        lines.append("extension on this GPU: runs" if g["runs"] else
+                     f"extension on this GPU: NO KERNEL, sparse decode hands its calls back to SGLang and fp4_moe "
+                     f"uses its Triton kernels: {g['why']}")
     p = d["patch"]
     lines.append(f"patch layer: {'ACTIVE' if p['active'] else 'inactive'} ({p['why']}); SGLang {p['sglang'] or 'not installed'}")
     for r in p["targets"]:

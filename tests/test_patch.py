@@ -38,10 +38,12 @@ def toypkg(tmp_path, monkeypatch):
     """))
     (pkg / "user.py").write_text(f"from {name}.lib import op\nfrom {name}.lib import op as aliased\n")
     (pkg / "ours.py").write_text(textwrap.dedent("""
-        from deepseek_v4_kernel.errors import UnsupportedCase
+        from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
         def op(x, y=1, *, flag=False):
             if x < 0:
                 raise UnsupportedCase(f"toy: x must be >= 0, got {x}")
+            if x == 1000:
+                raise ExtensionUnavailable("toy: the library has no kernel for this GPU (sm_121)")
             return ("ours", x, y)
         def narrow(x):
             return ("narrow", x)
@@ -188,6 +190,32 @@ def test_env_gate_respects_user_setting(monkeypatch):
     import os
 
     assert os.environ["DSV4_TOY_GATE"] == "0" and p.records[e].status == hook.LEFT
+
+
+def test_extension_unavailable_hands_back(toypkg, monkeypatch, caplog):
+    """A GPU the compiled library has no kernel for (ops/_device.extension_error) or a library that does
+    not load: the call goes back to SGLang's function, logged once; strict mode raises."""
+    import importlib
+
+    from deepseek_v4_kernel.errors import ExtensionUnavailable
+
+    t = _target(toypkg)
+    p = _patcher([t])
+    try:
+        lib = importlib.import_module(f"{toypkg}.lib")
+        monkeypatch.delenv("DSV4_KERNEL_STRICT", raising=False)
+        with caplog.at_level(logging.WARNING, logger="deepseek_v4_kernel"):
+            assert lib.op(1000) == ("orig", 1000, 1)
+            assert lib.op(1000, y=2) == ("orig", 1000, 2)
+            assert lib.op(3) == ("ours", 3, 1)
+        msgs = [r.getMessage() for r in caplog.records if "handing this call back" in r.getMessage()]
+        assert len(msgs) == 1 and "no kernel for this GPU (sm_121)" in msgs[0], msgs
+        assert p.records[t].handbacks == 2
+        monkeypatch.setenv("DSV4_KERNEL_STRICT", "1")
+        with pytest.raises(ExtensionUnavailable, match="sm_121"):
+            lib.op(1000)
+    finally:
+        p.uninstall()
 
 
 def test_unsupported_case_hands_back_once_logged_and_strict_raises(toypkg, monkeypatch, caplog):

@@ -364,3 +364,97 @@ def test_built_archs():
     archs = built_archs()
     assert "sm_120a" in archs
     print("built archs:", archs)
+
+
+def test_extension_error_names_the_gpu_arch_and_the_build(monkeypatch):
+    """ops/_device.extension_error (asked once per device by sparse_decode and fp4_moe's cuda_decode):
+    a library without a kernel image for the GPU (dsv4_device_supported != 0) gives a reason naming the GPU,
+    its arch, the built archs and the rebuild switch; 0, or a library that predates the entry, gives None."""
+    import contextlib
+
+    from deepseek_v4_kernel import _ext
+    from deepseek_v4_kernel.ops import _device
+
+    class FakeLib:
+        rc = 209  # cudaErrorNoKernelImageForDevice
+
+        def dsv4_device_supported(self):
+            return FakeLib.rc
+
+    lib = FakeLib()
+    monkeypatch.setattr(_ext, "load", lambda: lib)
+    monkeypatch.setattr(_ext, "built_archs", lambda: ["sm_120a"])
+    monkeypatch.setattr(_ext, "last_error", lambda: "device check: no kernel (cudaErrorNoKernelImageForDevice)")
+    monkeypatch.setattr(_ext, "lib_path", lambda: "/opt/dsv4/_C.so")
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (12, 1))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA GB10")
+    _device._extension_error_of.cache_clear()
+    try:
+        why = _device.extension_error(torch.device("cuda", 1))
+        assert why is not None
+        for part in ("/opt/dsv4/_C.so", "GPU 1", "NVIDIA GB10", "sm_121", "built for sm_120a",
+                     "cudaErrorNoKernelImageForDevice", "DSV4_KERNEL_EXTRA_ARCHS=121a"):
+            assert part in why, (part, why)
+        FakeLib.rc = 0
+        assert _device.extension_error(torch.device("cuda", 1)) == why  # cached per device: asked once
+        assert _device.extension_error(torch.device("cuda", 0)) is None
+        monkeypatch.setattr(_ext, "load", lambda: object())  # a library built before the entry existed
+        assert _device.extension_error(torch.device("cuda", 2)) is None
+    finally:
+        _device._extension_error_of.cache_clear()
+
+
+_NO_IMAGE_CHILD = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_sparse_decode import _case, _to_cuda
+from deepseek_v4_kernel.errors import ExtensionUnavailable
+from deepseek_v4_kernel.ops import sparse_decode as sd, fp4_moe
+a = _to_cuda(_case(b=1, s_q=1, h_q=64, topk=64))
+try:
+    sd.sparse_decode(**a)
+    print("NO ERROR")
+except ExtensionUnavailable as e:
+    print("SPARSE", e)
+H, I, E = 256, 128, 4
+x = torch.randn(2, H, device="cuda").bfloat16()
+w13 = torch.zeros(E, 2 * I, H // 2, dtype=torch.uint8, device="cuda")
+w2 = torch.zeros(E, H, I // 2, dtype=torch.uint8, device="cuda")
+print("MOE", fp4_moe._cuda_decode_unsupported(x, w13, w2, 12, H, I))
+print("IMPL", fp4_moe.pick_impl(x, w13, w2, 6))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_library_without_this_arch_hands_back(tmp_path):
+    """A library built only for sm_120a on a GPU of another arch (the H100 here; a compute capability
+    12.1 GB10 in the field): sparse_decode raises ExtensionUnavailable naming the arch (the patch layer
+    then hands the call to SGLang) instead of failing at launch, and fp4_moe does not pick cuda_decode."""
+    import subprocess
+    import sys
+
+    from deepseek_v4_kernel.ops import _device
+
+    assert _device.extension_error(torch.device("cuda")) is None  # the suite's own build runs here
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) == (12, 0):
+        pytest.skip("this GPU is sm_120: an sm_120a-only build runs on it")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib = tmp_path / "_C_sm120a_only.so"
+    env = dict(os.environ, NVCC_THREADS="8")
+    env.pop("DSV4_KERNEL_EXTRA_ARCHS", None)
+    env.pop("DSV4_NVCC_FLAGS", None)
+    r = subprocess.run(["bash", os.path.join(root, "scripts", "build_ext.sh"), str(lib)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    env = dict(os.environ, DSV4_KERNEL_LIB=str(lib), DSV4_KERNEL_STRICT="1")
+    r = subprocess.run([sys.executable, "-c", _NO_IMAGE_CHILD, os.path.dirname(os.path.abspath(__file__))],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(r.stdout)
+    lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    assert {"SPARSE", "MOE", "IMPL"} <= set(lines), r.stdout  # "NO ERROR": the call ran (or failed) anyway
+    for key in ("SPARSE", "MOE"):
+        assert f"sm_{major}{minor}" in lines[key] and "built for sm_120a" in lines[key], lines
+    assert lines["IMPL"] != "cuda_decode", lines

@@ -5,6 +5,10 @@ import functools
 import torch
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count_of(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -12,4 +16,28 @@ def _sm_count_of(index: int) -> int:
 
 def sm_count(device: torch.device) -> int:
     """Number of SMs of a CUDA device (its index, or the current device when it has none)."""
-    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count_of(_index(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _extension_error_of(index: int):
+    from .. import _ext
+
+    lib = _ext.load()  # ExtensionUnavailable propagates (not cached: the next call looks again)
+    if not hasattr(lib, "dsv4_device_supported"):  # a library built before the check existed
+        return None
+    with torch.cuda.device(index):
+        rc = lib.dsv4_device_supported()
+    if rc == 0:
+        return None
+    major, minor = torch.cuda.get_device_capability(index)
+    return (f"{_ext.lib_path()} has no kernel for GPU {index} ({torch.cuda.get_device_name(index)}, "
+            f"sm_{major}{minor}): built for {', '.join(_ext.built_archs())} ({_ext.last_error()}); rebuild "
+            f"with DSV4_KERNEL_EXTRA_ARCHS={major}{minor}a scripts/build.sh to add it (kernels untested there)")
+
+
+def extension_error(device: torch.device):
+    """None when the compiled extension loads and has kernels this CUDA device can run; else why not (a
+    GPU arch the library was not built for: sm_120a code runs on compute capability 12.0 only). Asked once
+    per device, so it stays off the hot path. Raises ExtensionUnavailable when the library does not load."""
+    return _extension_error_of(_index(device))

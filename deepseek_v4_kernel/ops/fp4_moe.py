@@ -66,7 +66,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import sm_count
+from deepseek_v4_kernel.ops._device import extension_error, sm_count
 
 OP = "fp4_moe"
 SMEM_LIMIT = 101376
@@ -665,7 +665,7 @@ def _cuda_decode_unsupported(x, w13, w2, S, H, inter):
     from deepseek_v4_kernel._ext import has_fp4_moe_decode
     if not has_fp4_moe_decode():
         return "the CUDA extension (_C.so with the fp4_moe kernels) does not load"
-    return None
+    return extension_error(x.device)
 
 
 def pick_impl(hidden_states, w13, w2, topk: int, config=None) -> str:

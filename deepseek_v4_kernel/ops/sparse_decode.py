@@ -18,7 +18,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..errors import UnsupportedCase
+from ..errors import ExtensionUnavailable, UnsupportedCase
+from ._device import extension_error as _extension_error
 from ._device import sm_count as _sm_count  # noqa: F401  (benches/tests use sd._sm_count)
 
 OP = "sparse_decode"
@@ -190,6 +191,9 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
 
     from .._ext import SparseDecodeParams, load
     lib = load()
+    why = _extension_error(dev)
+    if why is not None:
+        raise ExtensionUnavailable(f"{OP}: {why}")
     p = SparseDecodeParams()
     p.q = q.data_ptr()
     p.q_stride_b, p.q_stride_s, p.q_stride_h = q.stride(0), q.stride(1), q.stride(2)
