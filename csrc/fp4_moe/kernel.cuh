@@ -14,8 +14,9 @@
 // A warp step covers K = 128: lane (g = lane / 4, c = lane % 4) loads 16 bytes = 32 e2m1 values = one
 // whole scale group of each of its 4 rows (two m16 tiles: rows g and g + 8 of each), so a 16-byte load
 // per row and one scale per row per step. The 32 values are decoded to bf16 in registers (exact: e2m1
-// bits placed in a bf16 subnormal-class pattern, times 2^(e8m0 - 1)), and K is permuted inside the
-// lane's 32 values to make the decode cheap; the B operand (x or h) is read with the same permutation.
+// bits placed in a bf16 subnormal-class pattern by and / imad / and, times 2^(e8m0 - 1)), and K is
+// permuted inside the lane's 32 values to make the decode cheap; the B operand (x or h) is read with the
+// same permutation.
 // Warps split K (step q goes to warp q % 4) and their fp32 partials are summed in shared memory.
 // Weight loads run kStages - 1 steps ahead (register ring, L1::no_allocate), the B operand one step.
 //
@@ -57,20 +58,19 @@ constexpr int kMaxSlots = DSV4_FP4_MOE_MAX_SLOTS;
 #ifndef DSV4_FP4_MOE_MIN_BLOCKS
 #define DSV4_FP4_MOE_MIN_BLOCKS 3
 #endif
-// e2m1 decode: 0 = shift/mask form (measured, the default), 1 = and/imad/and form (3 instead of ~5.5
-// instructions per bf16x2, ~340 instead of ~420 SASS instructions per step on sm_90a; checked on the CPU
-// by tests/host/fp4_decode_check.cu, not yet run on a GPU: build it with DSV4_NVCC_FLAGS to measure).
-#ifndef DSV4_FP4_MOE_IMAD_DECODE
-#define DSV4_FP4_MOE_IMAD_DECODE 0
-#endif
-constexpr bool kImadDecode = DSV4_FP4_MOE_IMAD_DECODE != 0;
-// Early weights: 0 = a block issues its first weight loads after the routing votes (measured, the default);
-// 1 = right after reading its own slot's expert, so the DRAM round trip overlaps the votes (a block that
-// turns out to be a duplicate drops them). Not yet run on a GPU (docs/fp4_moe.md, "Pending").
+// Early weights: with at most kEarlyMaxSlots slots, a block issues its first weight steps right after
+// reading its own slot's expert, so that DRAM round trip overlaps the routing votes; a block that turns
+// out to be a duplicate drops them. H100 (docs/fp4_moe.md section 7): 1 token 53.0 -> 51.6 us, but at
+// 32 tokens (192 slots, ~50 duplicate slots x 256 blocks x 16 KB of dropped loads) 1076 -> 1113 us,
+// hence the slot limit. DSV4_FP4_MOE_EARLY_WEIGHTS=0: never.
 #ifndef DSV4_FP4_MOE_EARLY_WEIGHTS
-#define DSV4_FP4_MOE_EARLY_WEIGHTS 0
+#define DSV4_FP4_MOE_EARLY_WEIGHTS 1
+#endif
+#ifndef DSV4_FP4_MOE_EARLY_MAX_SLOTS
+#define DSV4_FP4_MOE_EARLY_MAX_SLOTS 64
 #endif
 constexpr bool kEarlyWeights = DSV4_FP4_MOE_EARLY_WEIGHTS != 0;
+constexpr int kEarlyMaxSlots = DSV4_FP4_MOE_EARLY_MAX_SLOTS;
 constexpr int kStages = DSV4_FP4_MOE_STAGES;  // weight steps in flight per warp (20 registers each)
 constexpr int kMinBlocks = DSV4_FP4_MOE_MIN_BLOCKS;
 // Static shared memory per block: slot table + this expert's slots (2 x 256 x 4 = 2048 B) + the
@@ -99,17 +99,12 @@ __device__ __forceinline__ uint32_t ld_scale_exp(const void* base, int64_t idx) 
 }
 
 // ---- e2m1 -> bf16 ---------------------------------------------------------------------------------------
-// Two packed bytes of `word` (`sel` picks b0, b1) -> lo = {lo(b0), lo(b1)}, hi = {hi(b0), hi(b1)} as bf16x2 carrying e2m1 * 2^-126: magnitude bits to bf16 bits 8..6, sign to 15
-// (code 1 = 0.5 lands on the subnormal 2^-127). Multiplying by 2^126 * scale makes them exact.
-__device__ __forceinline__ void e2m1x4_to_bf16x2(uint32_t word, uint32_t sel, uint32_t& lo, uint32_t& hi) {
-  const uint32_t t = __byte_perm(word, 0u, sel);   // b0 -> bits 7..0, b1 -> bits 23..16
-  lo = ((t << 6) & 0x01C001C0u) | ((t << 12) & 0x80008000u);
-  hi = ((t << 2) & 0x01C001C0u) | ((t << 8) & 0x80008000u);
-}
-// kImadDecode: the low nibbles of bytes 0 and 2 of `w` -> bf16x2 {lo(b0), lo(b2)}, same bit pattern. The
-// nibbles are isolated first, so the multiply by 0x1040 = (<< 6) + (<< 12) adds two disjoint copies (no
-// carries): and, imad, and. High nibbles: the copies 4 bits lower; bytes 1 and 3: the same on w >> 8.
-// Host-callable: tests/host/fp4_decode_check.cu checks every input on the CPU.
+// The low nibbles of bytes 0 and 2 of `w` -> bf16x2 {lo(b0), lo(b2)} carrying e2m1 * 2^-126: magnitude bits
+// to bf16 bits 8..6, sign to 15 (code 1 = 0.5 lands on the subnormal 2^-127); multiplying by 2^126 * scale
+// makes them exact. The nibbles are isolated first, so the multiply by 0x1040 = (<< 6) + (<< 12) adds two
+// disjoint copies (no carries): and, imad, and = 3 instructions per bf16x2 (a shift/mask form took ~4.5
+// plus a prmt per two: 1 token 55.5 -> 53.0 us on the H100). High nibbles: the copies 4 bits lower; bytes
+// 1 and 3: the same on w >> 8. Host-callable: tests/host/fp4_decode_check.cu checks every input on the CPU.
 __host__ __device__ __forceinline__ uint32_t e2m1_lo_to_bf16x2(uint32_t w) {
   return ((w & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
 }
@@ -171,11 +166,9 @@ __device__ __forceinline__ void ld_cg16_if(uint4& v, const __nv_bfloat16* p) {
 }
 
 // acc[t] += W[tile t rows] . B over this lane's step. K order inside the lane's 32 values: MMA k16 step s
-// (0..7) takes bytes 2s, 2s+1 of each row, i.e. values 4s..4s+3; slots (2c, 2c+1) <- values (4s, 4s+2)
-// (the low nibbles), slots (2c+8, 2c+9) <- values (4s+1, 4s+3) (the high nibbles). B follows suit.
-// kImadDecode: step s takes word j = s / 2 (values 8j..8j+7); with o = 2 (s % 2), slots (2c, 2c+1) <- values
+// (0..7) takes word j = s / 2 (values 8j..8j+7) of each row; with o = 2 (s % 2), slots (2c, 2c+1) <- values
 // 8j + o + (0, 4) (low nibbles of bytes o / 2 and o / 2 + 2), slots (2c+8, 2c+9) <- 8j + o + (1, 5) (their
-// high nibbles). (Any permutation shared by the lanes of one c works.)
+// high nibbles). B follows suit. (Any permutation shared by the lanes of one c works.)
 // kBig: some scale of the warp's step is > 2 (e8m0 > 128), where 2^126 * scale overflows bf16: two
 // multiplies (2^126, then the scale). Branching once per step keeps the common path free of branches.
 // `next`: this lane's B values of the following step (nullptr: none, or a lane past the last slot, whose
@@ -198,35 +191,23 @@ __device__ __forceinline__ void compute_step_body(float (&acc)[kTiles][4], const
   }
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
+    const uint4& xv = op.b[s >> 1];
+    const uint32_t xa = (s & 1) ? xv.y : xv.x, xb = (s & 1) ? xv.w : xv.z;
     uint32_t b[2];
-    if (kImadDecode) {
-      const uint4& xv = op.b[s >> 1];
-      const uint32_t xa = (s & 1) ? xv.y : xv.x, xb = (s & 1) ? xv.w : xv.z;
-      b[0] = __byte_perm(xa, xb, 0x5410u);   // {x[0], x[4]} of the word's 8 values (odd s: {x[2], x[6]})
-      b[1] = __byte_perm(xa, xb, 0x7632u);   // {x[1], x[5]} (odd s: {x[3], x[7]})
-    } else {
-      const uint32_t x01 = u4(op.b[s >> 1], (s & 1) * 2), x23 = u4(op.b[s >> 1], (s & 1) * 2 + 1);
-      b[0] = __byte_perm(x01, x23, 0x5410u);   // {x[4s], x[4s+2]}
-      b[1] = __byte_perm(x01, x23, 0x7632u);   // {x[4s+1], x[4s+3]}
-    }
+    b[0] = __byte_perm(xa, xb, 0x5410u);   // {x[0], x[4]} of the word's 8 values (odd s: {x[2], x[6]})
+    b[1] = __byte_perm(xa, xb, 0x7632u);   // {x[1], x[5]} (odd s: {x[3], x[7]})
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
-      uint32_t a[4];
-      if (kImadDecode) {
-        uint32_t wg = u4(st.w[2 * t], s >> 1), wh = u4(st.w[2 * t + 1], s >> 1);   // tile rows g, g + 8
-        if (s & 1) {
-          wg >>= 8;
-          wh >>= 8;
-        }
-        a[0] = e2m1_lo_to_bf16x2(wg);
-        a[2] = e2m1_hi_to_bf16x2(wg);
-        a[1] = e2m1_lo_to_bf16x2(wh);
-        a[3] = e2m1_hi_to_bf16x2(wh);
-      } else {
-        const uint32_t sel = (s & 1) ? 0x4342u : 0x4140u;
-        e2m1x4_to_bf16x2(u4(st.w[2 * t], s >> 1), sel, a[0], a[2]);       // tile row g
-        e2m1x4_to_bf16x2(u4(st.w[2 * t + 1], s >> 1), sel, a[1], a[3]);   // tile row g + 8
+      uint32_t wg = u4(st.w[2 * t], s >> 1), wh = u4(st.w[2 * t + 1], s >> 1);   // tile rows g, g + 8
+      if (s & 1) {
+        wg >>= 8;
+        wh >>= 8;
       }
+      uint32_t a[4];
+      a[0] = e2m1_lo_to_bf16x2(wg);
+      a[2] = e2m1_hi_to_bf16x2(wg);
+      a[1] = e2m1_lo_to_bf16x2(wh);
+      a[3] = e2m1_hi_to_bf16x2(wh);
       a[0] = mul_bf16x2(a[0], f[2 * t]);
       a[2] = mul_bf16x2(a[2], f[2 * t]);
       a[1] = mul_bf16x2(a[1], f[2 * t + 1]);
@@ -388,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm1_kernel(Fp4
   WeightStep ring[kStages];
   Rows rows;
   bool primed = false;
-  if constexpr (kEarlyWeights) {   // the expert route_block returns if this block runs (same slot, same value)
+  if (kEarlyWeights && p.M * p.topk <= kEarlyMaxSlots) {   // route_block returns this expert if the block runs
     const int e0 = slot_expert(p, blockIdx.y);
     if (e0 >= 0) {
       const int lane = threadIdx.x & 31;
@@ -467,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) fp4_moe_gemm2_kernel(Fp4
   WeightStep ring[kStages];
   Rows rows;
   bool primed = false;
-  if constexpr (kEarlyWeights) {   // as in gemm1
+  if (kEarlyWeights && p.M * p.topk <= kEarlyMaxSlots) {   // as in gemm1
     const int e0 = slot_expert(p, blockIdx.y);
     if (e0 >= 0) {
       rows = gemm2_rows(p, e0, n0, g);

@@ -1,10 +1,9 @@
-// Host-side check of the e2m1 -> bf16 decode of the cuda_decode kernels' DSV4_FP4_MOE_IMAD_DECODE variant
-// (csrc/fp4_moe/kernel.cuh), run on the CPU by tests/test_extension_build.py::test_fp4_moe_e2m1_decode_on_host
-// (nvcc, no GPU needed).
+// Host-side check of the e2m1 -> bf16 decode of the cuda_decode kernels (csrc/fp4_moe/kernel.cuh), run on
+// the CPU by tests/test_extension_build.py::test_fp4_moe_e2m1_decode_on_host (nvcc, no GPU needed).
 //  1. e2m1_lo_to_bf16x2 / e2m1_hi_to_bf16x2 (the kernel's own functions) on every pair of bytes, with other
 //     bytes of the word set to varying junk: each half must be exactly e2m1 * 2^-126 (as bf16, incl. the
 //     subnormal 2^-127 for code 1) of the right nibble, for bytes 0 / 2 and (through w >> 8) 1 / 3.
-//  2. A model of one lane-group step of compute_step_body with kImadDecode (the K permutation): for the 4 lanes c of a
+//  2. A model of one lane-group step of compute_step_body (the K permutation): for the 4 lanes c of a
 //     row / column pair, pairing A halves (weights) with B halves (x, selected with prmt as the kernel does)
 //     must give exactly sum_k e2m1[k] * x[k] over the 128 values of the step.
 // Prints "OK <checks>" and exits 0, or prints the first mismatch and exits 1.
