@@ -342,7 +342,7 @@ for m, S, bf16x2 in json.loads(sys.argv[1]):
     pb = min(triton.next_power_of_2(cfg["p"]), max(1, cfg.get("gel", 8192) // (rb * 32)))
     const = dict(stride_xk=1, stride_fk=1, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"],
                  NP=32, KB=64, USE_WS=cfg["p"] > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]),
-                 R=cfg["r"], RB=rb, PB=pb, INTERP_IT=0, INTERP_PQ=0)
+                 R=cfg["r"], RB=rb, PB=pb, INTERP_IT=0, INTERP_PQ=0, PDL=True)
     sig.update({k: "constexpr" for k in const})
     k = triton.compile(ASTSource(hp._hc_prenorm_kernel, sig, const),
                        target=GPUTarget("cuda", 120, 32),
@@ -350,7 +350,7 @@ for m, S, bf16x2 in json.loads(sys.argv[1]):
     ptx = k.asm["ptx"]
     res.append(dict(case=[m, S, bf16x2], cfg=cfg, shared=k.metadata.shared,
                     sm120a=".target sm_120a" in ptx, mma_sync="mma.sync" in ptx,
-                    wgmma="wgmma" in ptx, tcgen05="tcgen05" in ptx))
+                    wgmma="wgmma" in ptx, tcgen05="tcgen05" in ptx, gdc_wait="griddepcontrol.wait" in ptx))
 print("AOT" + json.dumps(res))
 """
 
@@ -380,9 +380,10 @@ def sm120_aot():
 @pytest.mark.parametrize("case", _AOT_CASES)
 def test_sm120_aot_compile_smem_and_no_sm90_only_instructions(sm120_aot, case):
     """Each variant compiles for sm_120a with <= 101376 B shared memory and uses
-    mma.sync only (no wgmma / tcgen05, which SM120 lacks)."""
+    mma.sync only (no wgmma / tcgen05, which SM120 lacks); with PDL (the default on cc >= 9) the
+    kernel waits in griddepcontrol.wait."""
     d = sm120_aot[tuple(case)]
-    assert d["sm120a"]
+    assert d["sm120a"] and d["gdc_wait"], d
     assert d["shared"] <= hp.SMEM_LIMIT, d
     assert not d["wgmma"] and not d["tcgen05"], d
     assert d["mma_sync"] or d["cfg"]["fma"], d  # the FMA kernel has no MMA at all

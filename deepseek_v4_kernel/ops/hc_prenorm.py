@@ -108,13 +108,15 @@ def _hc_prenorm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NP: tl.constexpr,
     KB: tl.constexpr, USE_WS: tl.constexpr, BF16X2: tl.constexpr, FMA: tl.constexpr,
     R: tl.constexpr, RB: tl.constexpr, PB: tl.constexpr,
-    INTERP_IT: tl.constexpr, INTERP_PQ: tl.constexpr,
+    INTERP_IT: tl.constexpr, INTERP_PQ: tl.constexpr, PDL: tl.constexpr,
 ):
     # With the workspace (P > 1) the last R arrivals of each (m tile, split) group reduce
     # its P partials, RB = BLOCK_M // R rows each, PB partials x RB rows per load.
     # INTERP_IT / INTERP_PQ > 0 only under TRITON_INTERPRET=1: triton 3.6's interpreter
     # (numpy >= 2.3) cannot run range() with runtime bounds, so there the loops run a
     # host-computed constant trip count over the same masked body.
+    if PDL:  # launched with programmatic dependent launch: x (and our counters) come from earlier kernels
+        tl.extra.cuda.gdc_wait()
     pid_m = tl.program_id(0)
     pid_z = tl.program_id(1)
     s = pid_z // P
@@ -394,6 +396,15 @@ def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None =
     return cfg
 
 
+def _use_pdl(dev) -> bool:
+    """Programmatic dependent launch (cc >= 9; DSV4_HC_PRENORM_PDL=0: off): the grid may be scheduled
+    while the previous kernel of the stream finishes and waits in griddepcontrol.wait before any load,
+    which hides part of the launch latency that dominates at decode sizes."""
+    if os.environ.get("DSV4_HC_PRENORM_PDL", "1") == "0" or dev.type != "cuda" or _interpret():
+        return False
+    return _capability(dev.index if dev.index is not None else torch.cuda.current_device())[0] >= 9
+
+
 def _precision() -> bool:
     v = os.environ.get("DSV4_HC_PRENORM_PRECISION", "bf16x2").lower()
     if v not in ("bf16x2", "tf32"):
@@ -479,6 +490,7 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         nb = triton.cdiv(K, _KBLOCK)
         longest = triton.cdiv(triton.cdiv(nb, S), P) * _KBLOCK
         interp_it = max(1, triton.cdiv(longest, cfg["block_k"]))
+    pdl = _use_pdl(dev)
     global last_compiled
     last_compiled = _hc_prenorm_kernel[grid](
         x, fn, out3, sq2, ws, wss, cnt,
@@ -488,8 +500,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], NP=_NPAD, KB=_KBLOCK,
         USE_WS=P > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]),
         R=R, RB=rb, PB=pb,
-        INTERP_IT=interp_it, INTERP_PQ=triton.cdiv(P, pb) if interp_it else 0,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        INTERP_IT=interp_it, INTERP_PQ=triton.cdiv(P, pb) if interp_it else 0, PDL=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl,
     )
     return None
 
