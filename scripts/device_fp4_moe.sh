@@ -8,7 +8,7 @@
 # build/ref` and carried) and each VARIANT_FLAGS entry (-D overrides of this tree) are built into their own
 # library, tested (the cuda_decode cases of test_fp4_moe.py) and benched again after the main bench (DSV4_KERNEL_LIB;
 # impls dequant,cuda_decode, so each has its same-process competitor), all logged to $OUT/variants.log
-# (names ref, variant<i>). E.g. VARIANT_FLAGS=-DDSV4_FP4_MOE_IMAD_DECODE=1 (csrc/fp4_moe/kernel.cuh).
+# (names ref, variant<i>). E.g. VARIANT_FLAGS=-DDSV4_FP4_MOE_EARLY_WEIGHTS=0 (csrc/fp4_moe/kernel.cuh).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(pwd)/build/fp4_moe_out}
