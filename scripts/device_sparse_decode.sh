@@ -6,24 +6,62 @@
 #   IMPLS="mma mma64"          kernels to run the GPU tests with (DSV4_SPARSE_DECODE_IMPL)
 #   BENCH_IMPLS=mma64,mma      kernels to time; QUICK=1: b in {1, 128} only; REPS (default 20)
 #   NCU="128,64,1,512"         also profile that shape (b,h_q,s_q,extra) of the first bench impl
+#   REF_CSRC=build/ref/csrc    A/B: another csrc/ tree (made here with `git archive <commit> csrc | tar -x -C
+#                              build/ref`, carried) built into build/ref.so (unless carried and REBUILD is
+#                              unset); after the main bench, AB_ROUNDS
+#                              (default 2) alternating quick benches of this tree's library and the ref one
+#                              (AB_IMPLS, default mma64; no competitors), per-shape table in $OUT/ab.log
+#   SKIP_BENCH=1               no main bench (e.g. an A/B-only call)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(pwd)/build/sparse_decode_out}
 mkdir -p "$OUT"
 { nvidia-smi -L; python -c "import torch, triton, sys; print(sys.version); print(torch.__version__, triton.__version__)"; } > "$OUT/build.log" 2>&1
 cat "$OUT/build.log"
-if [ ! -f deepseek_v4_kernel/_C.so ] || [ -n "${REBUILD:-}" ]; then
-  DSV4_KERNEL_EXTRA_ARCHS=90a bash scripts/build_ext.sh >> "$OUT/build.log" 2>&1; echo "build rc=$?"; tail -3 "$OUT/build.log"
+if [ -n "${REF_CSRC:-}" ] && { [ ! -f build/ref.so ] || [ -n "${REBUILD:-}" ]; }; then
+  DSV4_CSRC=$(cd "$REF_CSRC" && pwd) DSV4_KERNEL_EXTRA_ARCHS=90a NVCC_THREADS=8 bash scripts/build_ext.sh build/ref.so \
+      > "$OUT/build_ref.log" 2>&1 &
 fi
+if [ ! -f deepseek_v4_kernel/_C.so ] || [ -n "${REBUILD:-}" ]; then
+  DSV4_KERNEL_EXTRA_ARCHS=90a NVCC_THREADS=8 bash scripts/build_ext.sh >> "$OUT/build.log" 2>&1; echo "build rc=$?"; tail -3 "$OUT/build.log"
+fi
+wait
 for impl in ${IMPLS:-mma mma64}; do
   echo "=== pytest DSV4_SPARSE_DECODE_IMPL=$impl" | tee -a "$OUT/pytest.log"
   DSV4_SPARSE_DECODE_IMPL=$impl timeout ${TEST_TIMEOUT:-180} python -m pytest -q -rs tests/test_sparse_decode.py \
       tests/test_extension_build.py -p no:cacheprovider 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
   echo "pytest ($impl) rc=${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
 done
-timeout ${BENCH_TIMEOUT:-300} python scripts/bench_sparse_decode.py --out "$OUT" --reps ${REPS:-20} ${QUICK:+--quick} \
-    --impls ${BENCH_IMPLS:-mma64,mma} 2>&1 | tee "$OUT/bench.log"
-echo "bench rc=${PIPESTATUS[0]}"
+if [ -z "${SKIP_BENCH:-}" ]; then
+  timeout ${BENCH_TIMEOUT:-300} python scripts/bench_sparse_decode.py --out "$OUT" --reps ${REPS:-20} ${QUICK:+--quick} \
+      --impls ${BENCH_IMPLS:-mma64,mma} 2>&1 | tee "$OUT/bench.log"
+  echo "bench rc=${PIPESTATUS[0]}"
+fi
+if [ -n "${REF_CSRC:-}" ] && [ -f build/ref.so ]; then
+  for r in $(seq 1 ${AB_ROUNDS:-2}); do
+    for v in new ref; do
+      lib=$(pwd)/deepseek_v4_kernel/_C.so; [ $v = ref ] && lib=$(pwd)/build/ref.so
+      DSV4_KERNEL_LIB=$lib timeout ${BENCH_TIMEOUT:-300} python scripts/bench_sparse_decode.py --out "build/ab_${v}_$r" \
+          --reps ${REPS:-20} --quick --max-b-competitors 0 --impls ${AB_IMPLS:-mma64} > "build/ab_${v}_$r.log" 2>&1
+      echo "ab $v round $r rc=$?"
+    done
+  done
+  python - "${AB_ROUNDS:-2}" <<'PY' 2>&1 | tee "$OUT/ab.log"
+import json, sys
+rounds = int(sys.argv[1])
+def load(v, r):
+    return {(x["b"], x["h_q"], x["s_q"], x["extra"]): x["ours_us"]
+            for x in json.load(open(f"build/ab_{v}_{r}/bench_sparse_decode.json"))["rows"]}
+new = [load("new", r) for r in range(1, rounds + 1)]
+ref = [load("ref", r) for r in range(1, rounds + 1)]
+print(f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} | {'new us (rounds)':>24} | {'ref us (rounds)':>24} | new/ref")
+for k in new[0]:
+    n = [d[k] for d in new]; f = [d[k] for d in ref]
+    print(f"{k[0]:>5} {k[1]:>4} {k[2]:>3} {k[3]:>6} | {' '.join(f'{x:7.1f}' for x in n):>24} | "
+          f"{' '.join(f'{x:7.1f}' for x in f):>24} | {min(n) / min(f):.3f}")
+PY
+  cat build/ab_new_1.log | head -3 >> "$OUT/ab.log"
+fi
 if [ -n "${NCU:-}" ]; then
   if command -v ncu >/dev/null 2>&1; then
     first=${BENCH_IMPLS:-mma64,mma}; first=${first%%,*}

@@ -9,10 +9,12 @@
                              CUDA-graph time per call, kernel durations from the profiler and, for a
                              traced build, per-phase times of the blocks (median over blocks, us from the
                              first block's entry): slot index arrived, tile 0 dequantised, loop end, end;
-                             clock64 cycles per tile of warp 0 (softmax warp) and warp 4 (dequant warp)
-                             for S, wait + barrier A, phase 2 + barrier B, PV; the combine grid's entry,
+                             clock64 cycles per tile of warp 0 (a softmax warp) and warp 4 (idle in the
+                             softmax) for: barrier C, copies of tile i+1 issued + S + barrier A, softmax +
+                             wait for the copies + barrier B, PV + dequantisation of tile i+1; the
+                             combine grid's entry,
                              end of its pdl_wait and end.
-Used for docs/sparse_decode.md (runs 20-23). SHAPES="b,h_q,extra;..." picks the shapes, IMPL the kernel,
+Used for docs/sparse_decode.md (runs 20-23 with the earlier pipeline, run 25 on). SHAPES="b,h_q,extra;..." picks the shapes, IMPL the kernel,
 NO_HALF_HEADS=1 keeps 64 heads per mma64 block at every grid size.
 """
 import os
@@ -22,8 +24,6 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["api.cu", "sparse_decode/kernel.cuh", "sparse_decode/kernel_mma.cuh", "sparse_decode/kernel_mma64.cuh",
-         "sparse_decode/params.h", "sparse_decode/sparse_decode.cu"]
 NPT = 16          # trace points
 NBLK = 4096       # blocks traced per point
 
@@ -38,11 +38,12 @@ def _sub(path, pat, rep):
 def build(out, rev=None):
     dst = os.path.join(ROOT, "build", "trace_src")
     shutil.rmtree(dst, ignore_errors=True)
-    os.makedirs(os.path.join(dst, "sparse_decode"))
-    for f in FILES:
-        src = (subprocess.check_output(["git", "-C", ROOT, "show", f"{rev}:csrc/{f}"], text=True) if rev
-               else open(os.path.join(ROOT, "csrc", f)).read())
-        open(os.path.join(dst, f), "w").write(src)
+    if rev:  # the whole csrc/ tree of that revision (fp4_moe/ and common/ are part of the library)
+        os.makedirs(dst)
+        tar = subprocess.check_output(["git", "-C", ROOT, "archive", rev, "csrc"])
+        subprocess.run(["tar", "-x", "-C", dst, "--strip-components=1"], input=tar, check=True)
+    else:
+        shutil.copytree(os.path.join(ROOT, "csrc"), dst)
     k = os.path.join(dst, "sparse_decode/kernel.cuh")
     _sub(k, r"^namespace dsv4 \{", r"""\g<0>
 __device__ unsigned long long dsv4_trace[%d * %d];
@@ -59,11 +60,13 @@ __device__ __forceinline__ int trace_blk() { return (int)(blockIdx.z * gridDim.x
     _sub(m, r"^  float\* Lf = Sx \+ kM64Heads;", r"\g<0>\n  if (threadIdx.x == 0) TR(0, gtime());\n"
          r"  long long c_s = 0, c_a = 0, c_b = 0, c_pv = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;")
     _sub(m, r"^  if \(ntiles > 0\) issue\(pos_begin.*$", r"\g<0>\n  if (threadIdx.x == 0) TR(1, gtime());")
-    _sub(m, r"^    __syncthreads\(\);   // buffer 0 ready, staging area free", r"\g<0>\n    if (threadIdx.x == 0) TR(2, gtime());")
+    _sub(m, r"^    dequant_chunk\(warp, 0\);", r"\g<0>\n    if (threadIdx.x == 0) TR(2, gtime());")
+    # per tile: c_s = barrier C, c_a = copies of tile i+1 issued + phase 1 (S) + barrier A,
+    # c_b = phase 2 (softmax) + wait for the copies + barrier B, c_pv = PV + dequantisation of tile i+1
     _sub(m, r"^    const bool has_next = it \+ 1 < ntiles;", r"\g<0>\n    c0 = clock64(); if (it > 0) c_pv += c0 - c3;")
-    _sub(m, r"^    cp_async_wait<0>\(\);   // this thread", r"    c1 = clock64(); c_s += c1 - c0;\n\g<0>")
+    _sub(m, r"^    __syncthreads\(\);      // C:.*$", r"\g<0>\n    c1 = clock64(); c_s += c1 - c0;")
     _sub(m, r"^    __syncthreads\(\);      // A:.*$", r"\g<0>\n    c2 = clock64(); c_a += c2 - c1;")
-    _sub(m, r"^    __syncthreads\(\);   // B:.*$", r"\g<0>\n    c3 = clock64(); c_b += c3 - c2;")
+    _sub(m, r"^    __syncthreads\(\);      // B:.*$", r"\g<0>\n    c3 = clock64(); c_b += c3 - c2;")
     _sub(m, r"^  // ---- epilogue:", "  if (ntiles > 0) c_pv += clock64() - c3;\n  if (threadIdx.x == 0) TR(3, gtime());\n"
          "  if (threadIdx.x == 0) { TR(5, c_s); TR(6, c_a); TR(7, c_b); TR(8, c_pv); }\n"
          "  if (threadIdx.x == 128) { TR(9, c_s); TR(10, c_a); TR(11, c_b); TR(12, c_pv); }\n\\g<0>")
@@ -92,7 +95,7 @@ def run():
     from torch.profiler import ProfilerActivity, profile
     lib = _ext.load()
     if os.environ.get("NO_HALF_HEADS"):     # mma64 keeps 64 heads per block at every grid size
-        sd.half_head_blocks = lambda *a: False
+        sd.mma64_heads_per_block = lambda *a: 64
     traced = hasattr(lib, "dsv4_trace_read")
     tag = os.environ.get("TAG", os.path.basename(_ext.lib_path()))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -140,8 +143,9 @@ def run():
         torch.cuda.synchronize()
         if lib.dsv4_trace_read(buf, ctypes.sizeof(buf)) != 0:
             raise SystemExit("dsv4_trace_read failed")
-        hpb = 32 if (os.environ.get("IMPL") == "mma64h32" or (os.environ.get("IMPL") in (None, "mma64", "auto")
-                     and sd.half_head_blocks(b, 1, h, splits, sd._sm_count(torch.device("cuda"))))) else 64
+        impl = os.environ.get("IMPL") or "auto"
+        hpb = ({"mma64h32": 32, "mma64h16": 16}.get(impl, 64) if impl not in ("mma64", "auto") else
+               sd.mma64_heads_per_block(b, 1, h, splits, sd._sm_count(torch.device("cuda"))))
         nb = min(NBLK, b * -(-h // hpb) * splits)
         T = lambda pt, i: buf[pt * NBLK + i]
         t0 = min(T(0, i) for i in range(nb))
@@ -151,8 +155,8 @@ def run():
         line = [f"   {nb} blocks, {ntiles} tiles each: entry spread {max(rel(0)):.2f}"]
         for pt, nm in [(1, "index arrived"), (2, "tile 0 dequantised"), (3, "loop end"), (4, "end")]:
             line.append(f"| {nm} {med(rel(pt)):.2f} (max {max(rel(pt)):.2f})")
-        line.append(f"| cycles/tile warp 0: S {cyc(5):.0f} waitA {cyc(6):.0f} ph2+B {cyc(7):.0f} PV {cyc(8):.0f};"
-                    f" warp 4: S {cyc(9):.0f} waitA {cyc(10):.0f} ph2+B {cyc(11):.0f} PV {cyc(12):.0f}")
+        line.append(f"| cycles/tile warp 0: C {cyc(5):.0f} issue+S+A {cyc(6):.0f} ph2+wait+B {cyc(7):.0f} PV+dq {cyc(8):.0f};"
+                    f" warp 4: C {cyc(9):.0f} issue+S+A {cyc(10):.0f} ph2+wait+B {cyc(11):.0f} PV+dq {cyc(12):.0f}")
         if splits > 1:
             nc = min(NBLK, b * h)
             line.append(f"| combine ({b * h} blocks): entry {min(rel(13, nc)):.2f}..{max(rel(13, nc)):.2f} "

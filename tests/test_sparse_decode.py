@@ -121,18 +121,24 @@ def test_choose_splits_shapes_only():
     for args in [(1, 1, 8, 1, 132), (3, 4, 128, 8320, 188), (2, 1, 64, 33, 132)]:
         n, per = sd.choose_splits(*args)
         assert per % 32 == 0 and (n - 1) * per < args[3] <= n * per or args[3] <= per
-    for impl in ["simt", "mma", "mma64", "mma64h32", "auto"]:
+    for impl in ["simt", "mma", "mma64", "mma64h32", "mma64h16", "auto"]:
         for args in [(1, 1, 64, 640, 132), (8, 2, 128, 2176, 188), (1024, 1, 64, 640, 132), (2, 1, 96, 33, 132)]:
             n, per = sd.choose_splits(*args, impl=impl)
             assert 1 <= n <= sd.MAX_SPLITS and per % 32 == 0 and (n - 1) * per < max(args[3], 1) <= n * per
     assert sd.choose_splits(1, 1, 64, 640, 132, impl="mma64")[0] > 1
     assert sd.choose_splits(128, 1, 64, 640, 132, impl="mma64")[0] == 1      # one wave already
     assert sd.resolve_impl(64, "auto") == "mma64" and sd.resolve_impl(8, "auto") == "mma64"
-    # mma64 with 32 heads per block only where the 64-head grid fills at most half the SMs
-    assert sd.half_head_blocks(1, 1, 64, 20, 132) and sd.half_head_blocks(1, 1, 128, 20, 132)
-    assert not sd.half_head_blocks(8, 1, 64, 10, 132)        # 80 blocks: doubling would pass 132
-    assert not sd.half_head_blocks(1, 1, 32, 20, 132)        # <= 32 heads: nothing to halve
-    assert sd.half_head_blocks(1, 2, 64, 40, 188) and not sd.half_head_blocks(1, 2, 64, 40, 132)
+    # mma64 with 16 / 32 heads per block (the fewest) only where that grid still fits in one wave
+    hpb = sd.mma64_heads_per_block
+    assert hpb(1, 1, 64, 20, 132) == 16                      # 80 blocks
+    assert hpb(1, 1, 128, 20, 132) == 32                     # 16 would be 160 blocks, 32 is 80
+    assert hpb(8, 1, 64, 10, 132) == 64                      # 80 blocks already: 160 would pass 132
+    assert hpb(1, 1, 32, 20, 132) == 16                      # 40 blocks of 16 real heads
+    assert hpb(1, 1, 16, 20, 132) == 64                      # <= 16 heads: nothing to split
+    assert hpb(1, 2, 64, 40, 188) == 32 and hpb(1, 2, 64, 40, 132) == 64
+    assert hpb(1, 1, 96, 20, 132) == 16                      # 6 x 20 = 120 blocks
+    assert hpb(1, 1, 96, 23, 132) == 32                      # 6 x 23 = 138 would not fit, 3 x 23 does
+    assert [hpb(1, 1, h, 1, 132) for h in (8, 24, 48, 96, 128)] == [64, 16, 16, 16, 16]
     with pytest.raises(UnsupportedCase, match="impl"):
         sd.resolve_impl(64, "nope")
 
@@ -208,7 +214,7 @@ def test_gpu_vs_reference(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16"])
 @pytest.mark.parametrize("name", ["h96_odd_heads", "h64_b1_split_len", "h128_b40_p256_noslit"])
 def test_gpu_impls_vs_reference(impl, name):
     """Each kernel explicitly (independent of DSV4_SPARSE_DECODE_IMPL): h_q not a multiple of 64,
@@ -263,7 +269,7 @@ def test_gpu_noncontiguous_q_indices_and_cache_dtype():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16"])
 @pytest.mark.parametrize("layout", ["odd_head_stride", "base_off_by_one"])
 def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
     """q whose bf16 pairs are not 4-byte aligned (odd head stride, or a base one element off): the
@@ -284,7 +290,7 @@ def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16"])
 def test_gpu_growing_scores_rescale(impl):
     """Scores that grow along the position list (ascending rows: the running max moves on every
     tile, the O rescale by alpha < 1 runs each time) or shrink (descending rows: alpha == 1 after

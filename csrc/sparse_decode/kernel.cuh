@@ -63,22 +63,31 @@ __device__ __forceinline__ void slot_limits(const SparseDecodeParams& p, int64_t
 // The index is loaded before the length test (pos < topk / e < extra_topk keeps it inside the indices
 // tensor), so this load does not wait for the topk_length load behind main_lim / extra_lim: one
 // dependent global round trip less on the b = 1 critical path.
+// Two halves, so that a kernel can load the index of a later tile and test it only when it needs the
+// slot: slot_load issues the load (its result register is not read), slot_resolve does the tests. A
+// test right after the load would stall the warp for the whole global round trip (H100 Nsight
+// Compute, run 25: ~10 % of the mma64 kernel's stall samples at b = 128 sat on that one compare).
+// slot_load: the raw index of position pos (-1 when pos >= pos_end), as loaded
+__device__ __forceinline__ int slot_load(const SparseDecodeParams& p, int64_t bi, int64_t si, int64_t pos,
+                                         int64_t pos_end) {
+  if (pos >= pos_end) return -1;
+  if (pos < p.topk) return p.indices[bi * p.idx_stride_b + si * p.idx_stride_s + pos * p.idx_stride_k];
+  const int64_t e = pos - p.topk;
+  return p.extra_indices[bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s + e * p.extra_idx_stride_k];
+}
+// slot_resolve: the tests on raw index idx of position pos (only the index is kept between the two:
+// the position tests are redone here, which costs fewer registers than carrying their results)
+__device__ __forceinline__ int slot_resolve(const SparseDecodeParams& p, int idx, int64_t pos, int64_t pos_end,
+                                            int64_t main_lim, int64_t extra_lim) {
+  if (pos >= pos_end) return -1;
+  const bool extra = pos >= p.topk;
+  const bool in_len = extra ? pos - p.topk < extra_lim : pos < main_lim;
+  const int64_t n = extra ? p.extra_num_pages * p.extra_page_size : p.k_num_pages * p.k_page_size;
+  return (!in_len || idx < 0 || (int64_t)idx >= n) ? -1 : idx;
+}
 __device__ __forceinline__ int slot_index(const SparseDecodeParams& p, int64_t bi, int64_t si, int64_t pos,
                                           int64_t pos_end, int64_t main_lim, int64_t extra_lim) {
-  if (pos >= pos_end) return -1;
-  int64_t idx, n;
-  bool in_len;
-  if (pos < p.topk) {
-    idx = p.indices[bi * p.idx_stride_b + si * p.idx_stride_s + pos * p.idx_stride_k];
-    in_len = pos < main_lim;
-    n = p.k_num_pages * p.k_page_size;
-  } else {
-    const int64_t e = pos - p.topk;
-    idx = p.extra_indices[bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s + e * p.extra_idx_stride_k];
-    in_len = e < extra_lim;
-    n = p.extra_num_pages * p.extra_page_size;
-  }
-  return (!in_len || idx < 0 || idx >= n) ? -1 : (int)idx;
+  return slot_resolve(p, slot_load(p, bi, si, pos, pos_end), pos, pos_end, main_lim, extra_lim);
 }
 
 // Data row (576 B) of valid slot idx of the main or the extra cache; *scale_row = its 8-byte scale row

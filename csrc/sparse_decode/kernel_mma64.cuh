@@ -3,21 +3,28 @@
 // m16n8k16 bf16, ldmatrix, cp.async), shared by SM90 and SM120. Same contract and split-KV scheme as
 // kernel.cuh / kernel_mma.cuh.
 //
-//   block = 8 warps (256 threads, one block per SM: ~250 registers/thread), kM64Heads = 64 heads
-//   (4 m16 tiles) of one (row, split); token tile kM64Tok = 32. Two barriers per tile:
+//   block = 8 warps (256 threads, one block per SM: 255 registers/thread), kM64Heads = 64 heads (4 m16
+//   tiles; 32 or 16 of them real heads for impl 3 / 4, the rest zero rows) of one (row, split); token
+//   tile kM64Tok = 32. Three barriers per tile i:
+//     barrier C  buffer i%2 holds tile i (dequantised during PV of tile i-1, or by the prologue), the
+//              staging area is free, PV of tile i-1 is done with P, alpha and buffer (i+1)%2.
+//     issue    cp.async of tile i+1's raw rows into the staging area (invalid slots staged as zeros),
+//              raw slot indices of tile i+2 into registers (tested only when they are issued: a test
+//              right after the load stalls the warp for the whole global round trip).
 //     phase 1  S = Q K^T of tile i from K/V buffer i%2: warp (mq = warp&3, kh = warp>>2) computes
 //              S[16 heads of mq, 32 tokens] over dims [256 kh, 256 kh + 256); Q A-fragments live in
 //              registers for the whole block (64 regs), K B-fragments via ldmatrix.x4; kh = 1 hands its
-//              partial to kh = 0 through smem (Sx). Then every thread waits for its cp.async copies of
-//              tile i+1 (issued one phase 2 earlier).                                  -- barrier A
+//              partial to kh = 0 through smem (Sx). Shared-memory bound (the 4 mq warps each read the
+//              same K fragments: 128 KB of ldmatrix per tile).                          -- barrier A
 //     phase 2  warps kh = 0: online softmax of tile i in registers (FlashAttention-2 style: a quad owns
-//              a head row, max by quad shuffles), P -> smem bf16, alpha -> smem;
-//              warps kh = 1 at the same time: dequantise tile i+1 from the staging rows into K/V buffer
-//              (i+1)%2 (exact), two 64-value chunks per warp, lane = token.              -- barrier B
-//     phase 3  cp.async of tile i+2's rows into the (now free) staging area, slot indices of tile i+3
-//              into registers; O += P V of tile i: warp w owns O[64 heads, dims 64w .. 64w+63]
-//              (128 fp32 registers), P via ldmatrix.x4, V via ldmatrix.x4.trans from buffer i%2.
-//   Barrier A of tile i+1 also orders phase 3 of tile i before the writes of P / K/V buffer i%2.
+//              a head row, max by quad shuffles), P -> smem bf16, alpha -> smem; then every thread waits
+//              for its copies of tile i+1.                                             -- barrier B
+//     phase 3  O = O * alpha + P V of tile i: warp w owns O[64 heads, dims 64w .. 64w+63] (128 fp32
+//              registers), P via ldmatrix.x4, V via ldmatrix.x4.trans from buffer i%2; in the same basic
+//              block (so the scheduler interleaves it with the mma.sync) warp w dequantises chunk w of
+//              tile i+1 from the staging rows into buffer (i+1)%2 (exact, lane = token).
+//   H100, run 25 (docs/sparse_decode.md): this order is 12-14 % faster at b >= 128 than the earlier one
+//   (dequantisation by warps 4..7 during the softmax, two barriers), mostly from the deferred index test.
 #pragma once
 #include "kernel_mma.cuh"
 
@@ -42,13 +49,15 @@ static_assert(kM64Threads == kM64Tok * 8, "cp.async mapping: 8 threads per token
 static_assert(kM64StageBytes % 16 == 0 && kM64SmemK % 16 == 0, "smem regions must stay 16-byte aligned");
 static_assert(2 * kM64Heads <= kM64Heads * kSxPitch, "final m, l alias the Sx region");
 
-__device__ __forceinline__ void cp_async16(void* smem_ptr, const void* gmem_ptr) {
+// 16 / 8 bytes global -> shared, asynchronous; src_bytes = 0 writes zeros and reads nothing (the
+// slot is invalid: its staged row becomes all zeros, so the dequantisation needs no branch)
+__device__ __forceinline__ void cp_async16(void* smem_ptr, const void* gmem_ptr, int src_bytes) {
   const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_ptr);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_ptr));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem_ptr), "r"(src_bytes));
 }
-__device__ __forceinline__ void cp_async8(void* smem_ptr, const void* gmem_ptr) {
+__device__ __forceinline__ void cp_async8(void* smem_ptr, const void* gmem_ptr, int src_bytes) {
   const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem_ptr);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem_ptr));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem_ptr), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -71,6 +80,14 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float s) {
   return *(uint32_t*)&b;
 }
 
+// 2^x for the softmax (x <= 0 or -inf): ex2.approx with flush-to-zero, without exp2f's extra
+// instructions for results below 2^-126 (such a P is 0 in bf16 and negligible in the fp32 sum)
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __global__ void __launch_bounds__(kM64Threads, 1)
 sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -88,10 +105,10 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int mq = warp & 3, kh = warp >> 2;
-  // heads per block: 64, or 32 (impl 3) when the grid is small: the rows beyond them are zero rows
-  // like padded heads, so compute per block is unchanged, but each block stores half the head rows and
-  // the grid has twice the blocks (at b = 1 the partial stores are ~1/4 of the block's time)
-  const int hpb = p.impl == 3 ? kM64Heads / 2 : kM64Heads;
+  // heads per block: 64, or 32 / 16 (impl 3 / 4) when the grid is small: the rows beyond them are zero
+  // rows like padded heads, so compute per block is unchanged, but each block stores fewer head rows and
+  // the grid has more blocks (at b = 1 the partial stores are a large part of the block's time)
+  const int hpb = p.impl == 4 ? kM64Heads / 4 : p.impl == 3 ? kM64Heads / 2 : kM64Heads;
   const int head_blocks = (int)((p.h_q + hpb - 1) / hpb);
   const int64_t row = blockIdx.x / head_blocks;
   const int h0 = (int)(blockIdx.x - row * head_blocks) * hpb;
@@ -105,62 +122,60 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   int64_t main_lim, extra_lim;
   slot_limits(p, bi, &main_lim, &extra_lim);
 
-  // ---- cp.async issue: thread -> (token gn, part gj): data chunks gj + 8k (k < 4), 32 + gj (gj < 4),
-  //      scale row (gj == 7); valid flag (gj == 0).
+  // ---- cp.async of one tile's raw rows into the staging area: 8 threads per token (gn), part gj copies
+  //      16-byte chunks gj, gj + 8, ... of the 576-byte row, part 7 the 8-byte scale row, part 0 writes
+  //      the valid flag. An invalid slot (idx < 0) stages zeros (src size 0): no branch in the dequantisation.
   const int gn = tid >> 3, gj = tid & 7;
-  auto issue = [&](int64_t t0, int idx) {
+  auto issue = [&](int64_t t0, int raw_idx) {
+    const int64_t pos = t0 + gn;
+    const int idx = slot_resolve(p, raw_idx, pos, pos_end, main_lim, extra_lim);
     unsigned char* sb = ring;
     if (gj == 0) ((int*)(sb + kM64StageData + kM64StageScale))[gn] = idx >= 0;
-    if (idx < 0) return;
-    const uint8_t* srow;
-    const uint8_t* tok = token_row(p, t0 + gn >= p.topk, idx, &srow);
+    const uint8_t* srow = (const uint8_t*)p.k_cache;
+    const uint8_t* tok = srow;
+    if (idx >= 0) tok = token_row(p, pos >= p.topk, idx, &srow);
+    const int nb = idx >= 0 ? 16 : 0;
     unsigned char* dst = sb + gn * kRowBytes;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) cp_async16(dst + 16 * (gj + 8 * k), tok + 16 * (gj + 8 * k));
-    if (gj < 4) cp_async16(dst + 16 * (32 + gj), tok + 16 * (32 + gj));
-    if (gj == 7) cp_async8(sb + kM64StageData + gn * kScaleBytes, srow);
+    for (int k = 0; k < 4; ++k) cp_async16(dst + 16 * (gj + 8 * k), tok + 16 * (gj + 8 * k), nb);
+    if (gj < 4) cp_async16(dst + 16 * (32 + gj), tok + 16 * (32 + gj), nb);
+    if (gj == 7) cp_async8(sb + kM64StageData + gn * kScaleBytes, srow, nb / 2);
   };
-  int nidx = -1;
-  if (ntiles > 0) issue(pos_begin, slot_index(p, bi, si, pos_begin + gn, pos_end, main_lim, extra_lim));
+  if (ntiles > 0) issue(pos_begin, slot_load(p, bi, si, pos_begin + gn, pos_end));
   cp_async_commit();
-  if (ntiles > 1) nidx = slot_index(p, bi, si, pos_begin + kM64Tok + gn, pos_end, main_lim, extra_lim);
+  // raw index of the next tile: loaded now, tested when its rows are issued (slot_resolve in issue)
+  int nidx = slot_load(p, bi, si, pos_begin + kM64Tok + gn, pos_end);
 
-  // ---- dequantise 64-value chunk c (0..6 fp8 NoPE, 7 RoPE copy) of every token (lane = token) from the
-  //      staging rows into K/V buffer buf; rotated 16 B order (no bank conflicts). Chunk 0 also copies
-  //      the valid flags of the tile next to that buffer.
-  auto dequant_chunk = [&](int c, int buf) {
+  // ---- dequantise 64-value chunk c (0..6 fp8 NoPE, 7 RoPE copy; warp-uniform) of every token (lane =
+  //      token) from the staging rows into K/V buffer buf; rotated 16 B order (no bank conflicts). Invalid
+  //      slots were staged as zeros, so there is no branch on them. Chunk 0 also copies the valid flags.
+  //      Done in 8 pieces (step 0..7) so that phase 3 can interleave them with its tensor-core steps.
+  auto dequant_piece = [&](int c, int buf, int step) {
     const int n = lane;
-    const int* vflag = (const int*)(ring + kM64StageData + kM64StageScale);
-    const bool valid = vflag[n] != 0;
-    if (c == 0) Vf[buf * kM64Tok + n] = valid;
+    if (c == 0 && step == 0) Vf[buf * kM64Tok + n] = ((const int*)(ring + kM64StageData + kM64StageScale))[n];
     unsigned char* dst = (unsigned char*)(Kb + buf * kM64KTile + n * kKPitch + c * 64);
-    const unsigned char* src = ring + n * kRowBytes + c * 64;
-    if (!valid) {
-      const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) ((uint4*)dst)[k] = z;
-    } else if (c < 7) {
+    if (c < 7) {
+      // NoPE: 16 fp8 (16 B in) -> 16 bf16 (32 B out) on the even steps
+      if (step & 1) return;
       const float sc = ue8m0_to_float(ring[kM64StageData + n * kScaleBytes + c]);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int kk = (k + (n >> 1)) & 3;
-        const uint4 raw = *(const uint4*)(src + 16 * kk);
-        uint4 o0, o1;
-        o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
-        o0.z = e4m3x2_to_bf16x2(raw.y, sc); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, sc);
-        o1.x = e4m3x2_to_bf16x2(raw.z, sc); o1.y = e4m3x2_to_bf16x2(raw.z >> 16, sc);
-        o1.z = e4m3x2_to_bf16x2(raw.w, sc); o1.w = e4m3x2_to_bf16x2(raw.w >> 16, sc);
-        ((uint4*)dst)[2 * kk] = o0;
-        ((uint4*)dst)[2 * kk + 1] = o1;
-      }
+      const int kk = ((step >> 1) + (n >> 1)) & 3;
+      const uint4 raw = *(const uint4*)(ring + n * kRowBytes + c * 64 + 16 * kk);
+      uint4 o0, o1;
+      o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
+      o0.z = e4m3x2_to_bf16x2(raw.y, sc); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, sc);
+      o1.x = e4m3x2_to_bf16x2(raw.z, sc); o1.y = e4m3x2_to_bf16x2(raw.z >> 16, sc);
+      o1.z = e4m3x2_to_bf16x2(raw.w, sc); o1.w = e4m3x2_to_bf16x2(raw.w >> 16, sc);
+      ((uint4*)dst)[2 * kk] = o0;
+      ((uint4*)dst)[2 * kk + 1] = o1;
     } else {
-      const unsigned char* rs = ring + n * kRowBytes + kNope;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int kk = (k + (n >> 1)) & 7;
-        ((uint4*)dst)[kk] = *(const uint4*)(rs + 16 * kk);
-      }
+      // RoPE: a bf16 copy, 16 B per step
+      const int kk = (step + (n >> 1)) & 7;
+      ((uint4*)dst)[kk] = *(const uint4*)(ring + n * kRowBytes + kNope + 16 * kk);
     }
+  };
+  auto dequant_chunk = [&](int c, int buf) {
+#pragma unroll
+    for (int step = 0; step < 8; ++step) dequant_piece(c, buf, step);
   };
 
   // ---- Q A-fragments (registers for the whole block): heads h0 + 16mq + g (+8), dims 256kh + 16ks + 2t4 (+8)
@@ -204,15 +219,11 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 #pragma unroll
     for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
 
-  // ---- prologue: tile 0 into K/V buffer 0 (all warps), then tile 1's rows into the staging area
+  // ---- prologue: tile 0 into K/V buffer 0 (all warps)
   if (ntiles > 0) {
     cp_async_wait<0>();
     __syncthreads();
     dequant_chunk(warp, 0);
-    __syncthreads();   // buffer 0 ready, staging area free
-    if (ntiles > 1) issue(pos_begin + kM64Tok, nidx);
-    cp_async_commit();
-    if (ntiles > 2) nidx = slot_index(p, bi, si, pos_begin + 2 * kM64Tok + gn, pos_end, main_lim, extra_lim);
   }
 
   for (int64_t it = 0; it < ntiles; ++it) {
@@ -221,7 +232,16 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     const int* vf = Vf + buf * kM64Tok;
     const bool has_next = it + 1 < ntiles;
 
+    __syncthreads();      // C: buffer buf (tile it) dequantised, staging area free, PV of tile it-1 done
+
+    // ---- rows of tile it+1 into the staging area: they land during S and the softmax of tile it;
+    //      slot indices of tile it+2 into registers
+    if (has_next) issue(pos_begin + (it + 1) * kM64Tok, nidx);
+    cp_async_commit();
+    nidx = slot_load(p, bi, si, pos_begin + (it + 2) * kM64Tok + gn, pos_end);
+
     // ---- phase 1: S partial: heads 16mq.., tokens 8j.., dims 256kh + 16ks; ldmatrix.x4 = 2 k-steps of one n-tile
+    //      (shared-memory bound: the four m16 warps of a kh half each read the same K fragments)
     float sacc[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
@@ -246,10 +266,9 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
         *(float2*)(sx + 8 * kSxPitch + 8 * j) = make_float2(sacc[j][2], sacc[j][3]);
       }
     }
-    cp_async_wait<0>();   // this thread's copies of tile it+1 have landed
-    __syncthreads();      // A: partials of kh = 1 and the staging rows of tile it+1 visible
+    __syncthreads();      // A: partials of kh = 1 visible
 
-    // ---- phase 2: kh = 0 softmax of tile it; kh = 1 dequantises tile it+1 into the other buffer
+    // ---- phase 2: kh = 0 softmax of tile it
     if (kh == 0) {  // online softmax in registers (fp32, base 2); l from fp32 P, PV uses P in bf16
       const float* sx = Sx + (mq * 16 + g) * kSxPitch + 2 * t4;
       float mx_lo = -INFINITY, mx_hi = -INFINITY;
@@ -271,14 +290,14 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
       const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
       const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-      const float al_lo = exp2f(m_lo - mu_lo), al_hi = exp2f(m_hi - mu_hi);
+      const float al_lo = fast_exp2(m_lo - mu_lo), al_hi = fast_exp2(m_hi - mu_hi);
       m_lo = mn_lo; m_hi = mn_hi;
       float sum_lo = 0.f, sum_hi = 0.f;
       __nv_bfloat16* pr = Ps + (mq * 16 + g) * kPPitch + 2 * t4;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float e0 = exp2f(sacc[j][0] - mu_lo), e1 = exp2f(sacc[j][1] - mu_lo);
-        const float e2 = exp2f(sacc[j][2] - mu_hi), e3 = exp2f(sacc[j][3] - mu_hi);
+        const float e0 = fast_exp2(sacc[j][0] - mu_lo), e1 = fast_exp2(sacc[j][1] - mu_lo);
+        const float e2 = fast_exp2(sacc[j][2] - mu_hi), e3 = fast_exp2(sacc[j][3] - mu_hi);
         sum_lo += e0 + e1;
         sum_hi += e2 + e3;
         *(__nv_bfloat162*)(pr + 8 * j) = __floats2bfloat162_rn(e0, e1);
@@ -287,17 +306,14 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       l_lo = l_lo * al_lo + sum_lo;
       l_hi = l_hi * al_hi + sum_hi;
       if (t4 == 0) { As[mq * 16 + g] = al_lo; As[mq * 16 + g + 8] = al_hi; }
-    } else if (has_next) {
-      dequant_chunk(2 * mq, buf ^ 1);
-      dequant_chunk(2 * mq + 1, buf ^ 1);
     }
-    __syncthreads();   // B: P, alpha, buffer buf^1 ready; staging area free
+    cp_async_wait<0>();   // this thread's copies of tile it+1 have landed
+    __syncthreads();      // B: P, alpha ready; staging rows of tile it+1 visible
 
-    // ---- phase 3: rows of tile it+2 in flight during PV and the next S; O = O * alpha + P V
-    if (it + 2 < ntiles) issue(pos_begin + (it + 2) * kM64Tok, nidx);
-    cp_async_commit();
-    if (it + 3 < ntiles) nidx = slot_index(p, bi, si, pos_begin + (it + 3) * kM64Tok + gn, pos_end, main_lim, extra_lim);
-    {
+    // ---- phase 3: O = O * alpha + P V of tile it (tensor-core bound), and in the same basic block
+    //      chunk `warp` of tile it+1 from the staging rows into buffer buf^1: its conversions and
+    //      shared-memory traffic fill the issue slots between the mma.sync (one piece per V fragment)
+    auto pv = [&](auto&& hook) {
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         const float a_lo = As[m * 16 + g], a_hi = As[m * 16 + g + 8];
@@ -322,8 +338,16 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
             mma_bf16_16816(acc[m][2 * np], pa[m], bb);
             mma_bf16_16816(acc[m][2 * np + 1], pa[m], bb + 2);
           }
+          hook((kk / 16) * 4 + np);
         }
       }
+    };
+    if (!has_next) {
+      pv([](int) {});
+    } else if (warp < 7) {
+      pv([&](int step) { dequant_piece(warp, buf ^ 1, step); });
+    } else {
+      pv([&](int step) { dequant_piece(7, buf ^ 1, step); });
     }
   }
   cp_async_wait<0>();

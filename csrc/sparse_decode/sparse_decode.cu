@@ -40,10 +40,10 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   if (e != cudaSuccess) return e;
   const bool pdl = (g_pdl_ok.load(std::memory_order_acquire) >> (dev & 63)) & 1ull;
   const int64_t rows = p.b * p.s_q;
-  if (p.impl == 2 || p.impl == 3) {
+  if (p.impl >= 2 && p.impl <= 4) {
     // grid.x = row * head_blocks + head block (the head blocks of a row are adjacent: shared K rows hit L2);
-    // impl 3: 32 heads per block (see the kernel)
-    const int64_t hpb = p.impl == 3 ? kM64Heads / 2 : kM64Heads;
+    // impl 3 / 4: 32 / 16 heads per block (see the kernel)
+    const int64_t hpb = p.impl == 4 ? kM64Heads / 4 : p.impl == 3 ? kM64Heads / 2 : kM64Heads;
     const int64_t head_blocks = (p.h_q + hpb - 1) / hpb;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
     e = launch_kernel(sparse_decode_mma64_kernel, dim3((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits),

@@ -27,9 +27,9 @@ D = 512
 TOKEN_BYTES = 584
 TOK_TILE = 32          # kTokTile (kernel.cuh) = kM64Tok (kernel_mma64.cuh)
 # heads per block: kHeadTile (kernel.cuh) / kMmaHeads (kernel_mma.cuh) / kM64Heads (kernel_mma64.cuh)
-# ("mma64h32": the mma64 kernel with 32 heads per block, see half_head_blocks)
-HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64, "mma64h32": 32}
-IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3}     # SparseDecodeParams.impl
+# ("mma64h32" / "mma64h16": the mma64 kernel with 32 / 16 heads per block, see mma64_heads_per_block)
+HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64, "mma64h32": 32, "mma64h16": 16}
+IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3, "mma64h16": 4}     # SparseDecodeParams.impl
 MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at the C ABI
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
 #   "auto"  (default) mma64 for every h_q. On the H100 (docs/sparse_decode.md, runs 5 and 9) mma64 is
@@ -37,8 +37,9 @@ MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at th
 #           too although it pads those heads to 64 (b=128 h_q=16: 70 vs 116 us). SM120 unmeasured:
 #           DSV4_SPARSE_DECODE_IMPL=mma is the way back.
 #   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async staging + double-buffered K/V tile
-#           (all h_q; pads heads to 64); 32 heads/block when the grid is small (half_head_blocks)
-#   "mma64h32" the same kernel with 32 heads/block for every shape (tests, comparisons)
+#           (all h_q; pads heads to 64); 32 or 16 heads/block when the grid is small
+#           (mma64_heads_per_block)
+#   "mma64h32" / "mma64h16" the same kernel with 32 / 16 heads/block for every shape (tests, comparisons)
 #   "mma"   mma.sync, 32 heads/block
 #   "simt"  the first fp32-FMA kernel
 import os as _os
@@ -69,7 +70,7 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
     impl = resolve_impl(h_q, impl)
     tiles = max(1, -(-total_positions // TOK_TILE))
     blocks = b * s_q * (-(-h_q // HEAD_TILE[impl]))
-    if impl in ("mma64", "mma64h32"):
+    if impl.startswith("mma64"):
         best = None
         for s in range(1, min(MAX_SPLITS, tiles) + 1):
             per = -(-tiles // s)
@@ -87,12 +88,16 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
     return splits, per * TOK_TILE
 
 
-def half_head_blocks(b: int, s_q: int, h_q: int, splits: int, num_sms: int) -> bool:
-    """mma64 with 32 instead of 64 heads per block: when h_q > 32 and the 64-head grid (with its
-    splits) fills at most half the SMs. Each block then computes as much as before (its other 32 rows
-    are zero rows, like padded heads) but stores half the head rows, and twice the blocks run at once;
-    at b = 1 the partial stores were ~1/4 of a block's time (docs/sparse_decode.md, run 20)."""
-    return h_q > 32 and 2 * b * s_q * (-(-h_q // 64)) * splits <= num_sms
+def mma64_heads_per_block(b: int, s_q: int, h_q: int, splits: int, num_sms: int) -> int:
+    """Heads per mma64 block: 16 or 32 (the fewest, below h_q) when that grid, with its splits, still
+    fits in one wave (<= num_sms blocks), else 64. A block computes as much as a 64-head one (the rows
+    beyond its heads are zero rows, like padded heads) but stores fewer head rows, and more blocks run
+    at once: at b = 1 the partial stores are a large part of a block's time and go at a per-SM rate
+    (docs/sparse_decode.md, runs 20, 23 and 25)."""
+    for hpb in (16, 32):
+        if hpb < h_q and b * s_q * (-(-h_q // hpb)) * splits <= num_sms:
+            return hpb
+    return 64
 
 
 def _fail(arg, expected, got):
@@ -181,8 +186,8 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
     impl = resolve_impl(h_q, impl)
     num_sms = _sm_count(dev)
     splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, num_sms, impl)
-    if impl == "mma64" and half_head_blocks(b, s_q, h_q, splits, num_sms):
-        impl = "mma64h32"
+    if impl == "mma64":
+        impl = {64: "mma64", 32: "mma64h32", 16: "mma64h16"}[mma64_heads_per_block(b, s_q, h_q, splits, num_sms)]
     if splits > 1:
         o_part = torch.empty((splits, b * s_q, h_q, D), dtype=torch.float32, device=dev)
         lse_part = torch.empty((splits, b * s_q, h_q), dtype=torch.float32, device=dev)
