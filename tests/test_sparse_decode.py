@@ -134,11 +134,13 @@ def test_choose_splits_shapes_only():
     assert hpb(1, 1, 128, 20, 132) == 32                     # 16 would be 160 blocks, 32 is 80
     assert hpb(8, 1, 64, 10, 132) == 64                      # 80 blocks already: 160 would pass 132
     assert hpb(1, 1, 32, 20, 132) == 16                      # 40 blocks of 16 real heads
-    assert hpb(1, 1, 16, 20, 132) == 64                      # <= 16 heads: nothing to split
+    assert hpb(1, 1, 16, 20, 132) == 16                      # one 16-head block holds them all
+    assert hpb(128, 1, 16, 1, 132) == 16 and hpb(128, 1, 32, 1, 132) == 32    # no zero m16 tiles
+    assert hpb(128, 1, 8, 1, 132) == 16 and hpb(128, 1, 48, 1, 132) == 64
     assert hpb(1, 2, 64, 40, 188) == 32 and hpb(1, 2, 64, 40, 132) == 64
     assert hpb(1, 1, 96, 20, 132) == 16                      # 6 x 20 = 120 blocks
     assert hpb(1, 1, 96, 23, 132) == 32                      # 6 x 23 = 138 would not fit, 3 x 23 does
-    assert [hpb(1, 1, h, 1, 132) for h in (8, 24, 48, 96, 128)] == [64, 16, 16, 16, 16]
+    assert [hpb(1, 1, h, 1, 132) for h in (8, 24, 48, 96, 128)] == [16, 16, 16, 16, 16]
     with pytest.raises(UnsupportedCase, match="impl"):
         sd.resolve_impl(64, "nope")
 

@@ -4,8 +4,8 @@
 // kernel.cuh / kernel_mma.cuh.
 //
 //   block = 8 warps (256 threads, one block per SM: 255 registers/thread), kM64Heads = 64 heads (4 m16
-//   tiles; 32 or 16 of them real heads for impl 3 / 4, the rest zero rows) of one (row, split); token
-//   tile kM64Tok = 32. Three barriers per tile i:
+//   tiles) of one (row, split), or 32 / 16 heads (template MT = 2 / 1, impl 3 / 4: only those m16 tiles
+//   are computed, S by warps 0 .. 2 MT - 1); token tile kM64Tok = 32. Three barriers per tile i:
 //     barrier C  buffer i%2 holds tile i (dequantised during PV of tile i-1, or by the prologue), the
 //              staging area is free, PV of tile i-1 is done with P, alpha and buffer (i+1)%2.
 //     issue    cp.async of tile i+1's raw rows into the staging area (invalid slots staged as zeros),
@@ -88,8 +88,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// MT: m16 tiles with real heads (4: 64 heads per block; 2 / 1: 32 / 16, impl 3 / 4). With MT < 4 the rows
+// beyond the block's heads are skipped (no S, softmax or PV on them) instead of computed as zero rows.
+template <int MT>
 __global__ void __launch_bounds__(kM64Threads, 1)
 sparse_decode_mma64_kernel(const SparseDecodeParams p) {
+  static_assert(MT == 4 || MT == 2 || MT == 1, "m16 tiles per block: 4, 2 or 1");
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
   pdl_wait();                // inputs written by the previous kernel of the stream are visible
@@ -104,11 +108,15 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int mq = warp & 3, kh = warp >> 2;
-  // heads per block: 64, or 32 / 16 (impl 3 / 4) when the grid is small: the rows beyond them are zero
-  // rows like padded heads, so compute per block is unchanged, but each block stores fewer head rows and
-  // the grid has more blocks (at b = 1 the partial stores are a large part of the block's time)
-  const int hpb = p.impl == 4 ? kM64Heads / 4 : p.impl == 3 ? kM64Heads / 2 : kM64Heads;
+  // S / softmax roles: warp (mq, kh) = m16 tile mq, dims [256 kh, +256). With MT = 4, kh = warp >> 2 (the
+  // softmax warps 0..3 sit on the 4 schedulers); with MT < 4 the S warps are 0 .. 2 MT - 1 (one scheduler
+  // each) and the others only take part in PV and the dequantisation.
+  const int mq = MT == 4 ? (warp & 3) : (warp >> 1), kh = MT == 4 ? (warp >> 2) : (warp & 1);
+  const bool s_warp = mq < MT;
+  // heads per block: 64, or 32 / 16 (MT = 2 / 1) when the grid is small: each block stores fewer head rows
+  // and computes fewer m16 tiles, and the grid has more blocks (at b = 1 the partial stores are a large
+  // part of the block's time)
+  const int hpb = 16 * MT;
   const int head_blocks = (int)((p.h_q + hpb - 1) / hpb);
   const int64_t row = blockIdx.x / head_blocks;
   const int h0 = (int)(blockIdx.x - row * head_blocks) * hpb;
@@ -186,7 +194,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     const int64_t qb = bi * p.q_stride_b + si * p.q_stride_s;
     const unsigned short* ql = q + qb + (int64_t)hl * p.q_stride_h + 256 * kh + 2 * t4;
     const unsigned short* qh = q + qb + (int64_t)hh * p.q_stride_h + 256 * kh + 2 * t4;
-    const bool vl = hl < h_end, vh = hh < h_end;
+    const bool vl = s_warp && hl < h_end, vh = s_warp && hh < h_end;
     // even strides + 4-byte-aligned base (the usual case): each bf16 pair is one 4-byte load, which
     // halves the load instructions of this prologue (64 KB of Q per block; on the b = 1 critical path)
     const bool pairs = ((p.q_stride_b | p.q_stride_s | p.q_stride_h) & 1) == 0 && ((uintptr_t)p.q & 3) == 0;
@@ -245,7 +253,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     float sacc[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
-    {
+    if (s_warp) {
       const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + 256 * kh + 8 * (lane >> 3);
 #pragma unroll
       for (int ks = 0; ks < 16; ks += 2) {
@@ -258,7 +266,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
         }
       }
     }
-    if (kh == 1) {
+    if (s_warp && kh == 1) {
       float* sx = Sx + (mq * 16 + g) * kSxPitch + 2 * t4;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -269,7 +277,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     __syncthreads();      // A: partials of kh = 1 visible
 
     // ---- phase 2: kh = 0 softmax of tile it
-    if (kh == 0) {  // online softmax in registers (fp32, base 2); l from fp32 P, PV uses P in bf16
+    if (s_warp && kh == 0) {  // online softmax in registers (fp32, base 2); l from fp32 P, PV uses P in bf16
       const float* sx = Sx + (mq * 16 + g) * kSxPitch + 2 * t4;
       float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
@@ -315,7 +323,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     //      shared-memory traffic fill the issue slots between the mma.sync (one piece per V fragment)
     auto pv = [&](auto&& hook) {
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
+      for (int m = 0; m < MT; ++m) {
         const float a_lo = As[m * 16 + g], a_hi = As[m * 16 + g + 8];
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
@@ -326,7 +334,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       for (int kk = 0; kk < kM64Tok; kk += 16) {
         uint32_t pa[4][4];
 #pragma unroll
-        for (int m = 0; m < 4; ++m)
+        for (int m = 0; m < MT; ++m)
           ldmatrix_x4(pa[m], Ps + (m * 16 + (lane & 15)) * kPPitch + kk + 8 * (lane >> 4));
         const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kKPitch + 64 * warp + 8 * (lane >> 4);
 #pragma unroll
@@ -334,7 +342,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
           uint32_t bb[4];
           ldmatrix_x4_trans(bb, vrow + 16 * np);
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
+          for (int m = 0; m < MT; ++m) {
             mma_bf16_16816(acc[m][2 * np], pa[m], bb);
             mma_bf16_16816(acc[m][2 * np + 1], pa[m], bb + 2);
           }
@@ -357,13 +365,13 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   //      loop, one dependent load per row).
   float sink[4][2];
 #pragma unroll
-  for (int m = 0; m < 4; ++m)
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int h = h0 + m * 16 + g + 8 * half;
       sink[m][half] = (p.num_splits == 1 && p.attn_sink != nullptr && h < h_end) ? p.attn_sink[h] : 0.f;
     }
-  if (kh == 0) {
+  if (s_warp && kh == 0) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
@@ -375,7 +383,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   }
   __syncthreads();
 #pragma unroll
-  for (int m = 0; m < 4; ++m) {
+  for (int m = 0; m < MT; ++m) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = m * 16 + g + 8 * half;

@@ -21,7 +21,11 @@ static cudaError_t ensure_smem_attr() {
   if (e != cudaSuccess) return e;
   e = cudaFuncSetAttribute(sparse_decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSmemBytes);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(sparse_decode_mma64_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
+  e = cudaFuncSetAttribute(sparse_decode_mma64_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(sparse_decode_mma64_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(sparse_decode_mma64_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
   if (e != cudaSuccess) return e;
   int major = 0;
   e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -42,12 +46,14 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   const int64_t rows = p.b * p.s_q;
   if (p.impl >= 2 && p.impl <= 4) {
     // grid.x = row * head_blocks + head block (the head blocks of a row are adjacent: shared K rows hit L2);
-    // impl 3 / 4: 32 / 16 heads per block (see the kernel)
+    // impl 3 / 4: 32 / 16 heads per block (the kernel's MT = 2 / 1)
     const int64_t hpb = p.impl == 4 ? kM64Heads / 4 : p.impl == 3 ? kM64Heads / 2 : kM64Heads;
     const int64_t head_blocks = (p.h_q + hpb - 1) / hpb;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
-    e = launch_kernel(sparse_decode_mma64_kernel, dim3((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits),
-               kM64Threads, kM64SmemBytes, pdl, stream, p);
+    const dim3 grid((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits);
+    e = launch_kernel(p.impl == 4 ? sparse_decode_mma64_kernel<1> : p.impl == 3 ? sparse_decode_mma64_kernel<2>
+                                                                             : sparse_decode_mma64_kernel<4>,
+                      grid, kM64Threads, kM64SmemBytes, pdl, stream, p);
   } else if (p.impl == 1) {
     const int head_tiles = (int)((p.h_q + kMmaHeads - 1) / kMmaHeads);
     e = launch_kernel(sparse_decode_mma_kernel, dim3((unsigned)rows, (unsigned)head_tiles, (unsigned)p.num_splits),

@@ -89,13 +89,13 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
 
 
 def mma64_heads_per_block(b: int, s_q: int, h_q: int, splits: int, num_sms: int) -> int:
-    """Heads per mma64 block: 16 or 32 (the fewest, below h_q) when that grid, with its splits, still
-    fits in one wave (<= num_sms blocks), else 64. A block computes as much as a 64-head one (the rows
-    beyond its heads are zero rows, like padded heads) but stores fewer head rows, and more blocks run
-    at once: at b = 1 the partial stores are a large part of a block's time and go at a per-SM rate
-    (docs/sparse_decode.md, runs 20, 23 and 25)."""
+    """Heads per mma64 block: the fewest of 16 / 32 / 64 that hold all h_q heads (no zero m16 tiles to
+    compute), or fewer (16, else 32) when that grid, with its splits, still fits in one wave (<= num_sms
+    blocks). A 16- or 32-head block computes only its 1 or 2 m16 tiles and stores fewer head rows, and
+    more blocks run at once: at b = 1 the partial stores are a large part of a block's time and go at a
+    per-SM rate (docs/sparse_decode.md, runs 20, 23 and 25)."""
     for hpb in (16, 32):
-        if hpb < h_q and b * s_q * (-(-h_q // hpb)) * splits <= num_sms:
+        if hpb >= h_q or b * s_q * (-(-h_q // hpb)) * splits <= num_sms:
             return hpb
     return 64
 
