@@ -32,13 +32,13 @@ HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64, "mma64h32": 32, "mma64h16": 16}
 IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3, "mma64h16": 4}     # SparseDecodeParams.impl
 MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at the C ABI
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
-#   "auto"  (default) mma64 for every h_q. On the H100 (docs/sparse_decode.md, runs 5 and 9) mma64 is
-#           2.6-3x faster than mma at b >= 32, 1.1x at b = 1 with h_q >= 64, and faster at h_q 16/32
-#           too although it pads those heads to 64 (b=128 h_q=16: 70 vs 116 us). SM120 unmeasured:
-#           DSV4_SPARSE_DECODE_IMPL=mma is the way back.
-#   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async staging + double-buffered K/V tile
-#           (all h_q; pads heads to 64); 32 or 16 heads/block when the grid is small
-#           (mma64_heads_per_block)
+#   "auto"  (default) mma64 for every h_q. On the H100 (docs/sparse_decode.md, runs 5, 9 and 25) mma64
+#           is ~3x faster than mma at b >= 32, 1.2-2x at b = 1, and faster at h_q 16/32 too (run 25 call 7,
+#           b=128 h_q=16: 58.8 vs 113.5 us; 47 us since 16-head blocks compute one m16 tile). SM120
+#           unmeasured: DSV4_SPARSE_DECODE_IMPL=mma is the way back.
+#   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async staging + double-buffered K/V tile;
+#           16 or 32 heads/block (only those m16 tiles computed) when they hold all h_q heads or the
+#           grid is small (mma64_heads_per_block)
 #   "mma64h32" / "mma64h16" the same kernel with 32 / 16 heads/block for every shape (tests, comparisons)
 #   "mma"   mma.sync, 32 heads/block
 #   "simt"  the first fp32-FMA kernel
