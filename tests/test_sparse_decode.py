@@ -115,6 +115,20 @@ def test_max_splits_matches_params_h():
     assert int(re.search(r"#define DSV4_SPARSE_DECODE_MAX_SPLITS (\d+)", src).group(1)) == sd.MAX_SPLITS
 
 
+def test_impl_codes_match_the_c_side():
+    """IMPL_CODE / HEAD_TILE (Python) and the C ABI's impl range and the launcher's mma64 instantiations
+    are one table: impl 2 / 3 / 4 = mma64 with MT = 4 / 2 / 1 m16 tiles = 64 / 32 / 16 heads."""
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "csrc")
+    api = open(os.path.join(root, "api.cu")).read()
+    assert int(re.search(r"p->impl > (\d+)", api).group(1)) == max(sd.IMPL_CODE.values())
+    launcher = open(os.path.join(root, "sparse_decode", "sparse_decode.cu")).read()
+    for name in ("mma64h16", "mma64h32"):
+        mt = sd.HEAD_TILE[name] // 16
+        assert f"p.impl == {sd.IMPL_CODE[name]} ? sparse_decode_mma64_kernel<{mt}>" in launcher, name
+    assert "sparse_decode_mma64_kernel<4>" in launcher and sd.HEAD_TILE["mma64"] == 64
+
+
 def test_choose_splits_shapes_only():
     assert sd.choose_splits(1, 1, 64, 640, 132)[0] > 1            # b=1: split-KV
     assert sd.choose_splits(1024, 1, 64, 640, 132) == (1, 640)    # large b: one pass
