@@ -113,7 +113,8 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   // each) and the others only take part in PV and the dequantisation.
   const int mq = MT == 4 ? (warp & 3) : (warp >> 1), kh = MT == 4 ? (warp >> 2) : (warp & 1);
   const bool s_warp = mq < MT;
-  // heads per block: 64, or 32 / 16 (MT = 2 / 1) when the grid is small: each block stores fewer head rows
+  // heads per block: 64, or 32 / 16 (MT = 2 / 1; ops/sparse_decode.mma64_heads_per_block: when they hold
+  // all heads or the grid is small): each block stores fewer head rows
   // and computes fewer m16 tiles, and the grid has more blocks (at b = 1 the partial stores are a large
   // part of the block's time)
   const int hpb = 16 * MT;
@@ -155,7 +156,8 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   int nidx = slot_load(p, bi, si, pos_begin + kM64Tok + gn, pos_end);
 
   // ---- dequantise 64-value chunk c (0..6 fp8 NoPE, 7 RoPE copy; warp-uniform) of every token (lane =
-  //      token) from the staging rows into K/V buffer buf; rotated 16 B order (no bank conflicts). Invalid
+  //      token) from the staging rows into K/V buffer buf; rotated 16 B order (conflict-free reads of the
+  //      staging rows; the bf16 stores into the 1040-byte rows stay 2-way conflicted, run 25). Invalid
   //      slots were staged as zeros, so there is no branch on them. Chunk 0 also copies the valid flags.
   //      Done in 8 pieces (step 0..7) so that phase 3 can interleave them with its tensor-core steps.
   auto dequant_piece = [&](int c, int buf, int step) {
