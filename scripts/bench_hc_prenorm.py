@@ -168,10 +168,16 @@ def _np2(v):
     return 1 << max(0, (v - 1).bit_length())
 
 
-def candidates(m, n_sms):
+def candidates(m, n_sms, presplit=False):
     """Configs timed per m by --sweep: the run-2 heuristic ("legacy") and variants of
-    the FMA / MMA kernels with many K sub-slices and R reducers per group."""
+    the FMA / MMA kernels with many K sub-slices and R reducers per group; with
+    ``presplit`` each MMA variant once more with fn split into bf16 hi / lo by its own
+    kernel first ("ps")."""
     c = [("legacy", hp.legacy_config(m, K, 1, n_sms))]
+    if presplit:
+        c = candidates(m, n_sms)
+        return c + [("ps", dict(cfg, presplit=True)) for label, cfg in c
+                    if label != "legacy" and not cfg["fma"]]
 
     def add(**kw):
         cfg = dict(fma=False, block_m=64, block_k=64, num_warps=4, num_stages=2, r=1)
@@ -204,7 +210,8 @@ def candidates(m, n_sms):
         add(block_m=64, num_warps=4, num_stages=4, p=32, r=16)
     else:
         for bm, w, st, p, r in ((128, 8, 3, 2, 1), (128, 8, 4, 2, 1), (64, 4, 4, 2, 1),
-                                (128, 8, 3, 1, 1), (64, 4, 3, 1, 1)):
+                                (128, 8, 3, 1, 1), (64, 4, 3, 1, 1), (128, 8, 3, 4, 1),
+                                (128, 8, 3, 3, 1)):
             add(block_m=bm, num_warps=w, num_stages=st, p=p, r=r)
     return c
 
@@ -234,12 +241,12 @@ def _verify(m, cfg, ref_cache):
     return (r <= 1 and rs_err <= 2e-5), f"err/tol {r:.3g}, sq rel {rs_err:.2g}"
 
 
-def sweep(ms, bw, n_sms, reps, out_path, result):
+def sweep(ms, bw, n_sms, reps, out_path, result, presplit=False):
     out = result.setdefault("sweep", [])
     ref_cache = {}
     for m in ms:
         seen = []
-        for label, cfg in candidates(m, n_sms):
+        for label, cfg in candidates(m, n_sms, presplit):
             rec = {"m": m, "label": label, "config": cfg}
             res = hp.choose_config(m, K, 1, n_sms, cfg, hp.mma_kind(torch.device("cuda", 0)))
             if res in seen:  # same kernel and grid after clamping (P, R)
@@ -321,6 +328,8 @@ def main():
                     help="time the main rows with the table the sweep's winners make "
                          "(what gets committed in hc_prenorm._TABLES)")
     ap.add_argument("--diag", action="store_true", help="time the small-m diagnostics")
+    ap.add_argument("--sweep-presplit", action="store_true",
+                    help="the sweep also times every MMA candidate with the pre-split fn")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     out_path = os.path.join(args.out, "bench_hc_prenorm.json")
@@ -339,7 +348,7 @@ def main():
         result["diag"] = diagnostics(bw, n_sms, args.reps)
     if args.sweep:
         sweep([int(v) for v in args.sweep_ms.split(",")], bw, n_sms, max(5, args.reps // 3),
-              out_path, result)
+              out_path, result, args.sweep_presplit)
         result["sweep_s"] = time.time() - t0
         table, best = table_from_sweep(result["sweep"])
         result["table_from_sweep"] = table

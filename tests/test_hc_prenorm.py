@@ -126,6 +126,9 @@ _FMA = {"fma": True, "num_stages": 1}
     (1, 1, {**_FMA, "p": 10, "block_m": 1, "r": 1}),            # FMA kernel, one row
     (3, 3, {**_FMA, "p": 3, "block_m": 4, "r": 4}),             # FMA, r clamped to P = 3 -> 2
     (13, 1, {**_FMA, "p": 6, "block_m": 8, "r": 8}),            # FMA, 2 tiles, 8 reducers
+    (20, 2, {**_MMA, "p": 3, "block_m": 16, "r": 1, "presplit": True}),  # fn split by its own kernel
+    (70, 1, {**_MMA, "p": 2, "block_m": 64, "r": 4, "presplit": True}),
+    (33, 3, {**_MMA, "p": 1, "block_m": 32, "r": 1, "presplit": True}),  # no workspace
 ])
 def test_internal_subsplits_and_repeat(device, m, S, cfg):
     # force the workspace + reduction (P > 1) and call twice, so the counters must
@@ -245,6 +248,11 @@ def test_gpu_tf32_mode_and_large_m(monkeypatch, m):
     (512, None, {**_MMA, "block_m": 64, "p": 64, "r": 16, "gel": 4096}),
     (1000, None, {**_MMA, "block_m": 64, "p": 16, "r": 8}),
     (8192, None, {**_MMA, "block_m": 128, "p": 2, "r": 1, "num_warps": 8}),
+    (64, None, {**_MMA, "block_m": 64, "p": 128, "r": 32, "num_stages": 2, "presplit": True}),
+    (512, None, {**_MMA, "block_m": 64, "p": 32, "r": 16, "num_stages": 4, "presplit": True}),
+    (2000, 2, {**_MMA, "block_m": 64, "p": 16, "r": 1, "presplit": True}),
+    (8192, None, {**_MMA, "block_m": 128, "p": 2, "r": 1, "num_warps": 8, "presplit": True}),
+    (4097, None, {**_MMA, "block_m": 64, "p": 1, "r": 1, "num_stages": 4, "presplit": True}),
 ])
 def test_gpu_variants_full_k(m, num_splits, cfg):
     """The kernel variants the tile table and the bench sweep use, at DSV4's K, called
@@ -278,6 +286,7 @@ def test_gpu_legacy_config(m):
     (8, {**_FMA, "block_m": 8, "p": 128, "r": 8, "num_warps": 8}),     # waiting reducers
     (64, {**_MMA, "block_m": 64, "p": 128, "r": 32, "num_stages": 2}),
     (64, hp.legacy_config(64, 16384, 1, 132)),
+    (512, {**_MMA, "block_m": 64, "p": 32, "r": 16, "num_stages": 4, "presplit": True}),
 ])
 def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
     K = 16384
@@ -304,7 +313,9 @@ def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first[0]) and torch.equal(sq, first[1]), "not deterministic"
-    x.copy_(_inputs(m, K, device="cuda", seed=12)[0])
+    x2, fn2 = _inputs(m, K, device="cuda", seed=12)
+    x.copy_(x2)
+    fn.copy_(fn2)  # new weights in place: a pre-split fn must be split again on every replay
     g.replay()
     torch.cuda.synchronize()
     _check(x, fn, out, sq, None)
@@ -320,8 +331,8 @@ def test_gpu_shared_memory_within_sm120_limit(m, num_splits):
 
 # ------------------------------------------------------------------- sm_120 AOT (CPU)
 _AOT_CASES = [(1, None, True), (4, None, True), (8, None, True), (16, None, True),
-              (64, None, True), (512, None, True), (8192, None, True), (8192, 4, True),
-              (512, None, False)]
+              (64, None, True), (512, None, True), (2048, None, True), (4096, None, True),
+              (8192, None, True), (8192, 4, True), (512, None, False), (8192, None, False)]
 
 _AOT_SCRIPT = r"""
 import json, sys
@@ -333,24 +344,42 @@ from deepseek_v4_kernel.ops import hc_prenorm as hp
 res = []
 for m, S, bf16x2 in json.loads(sys.argv[1]):
     cfg = hp.choose_config(m, 16384, S or 1, 188)  # RTX PRO 6000: 188 SMs
+    presplit = cfg["presplit"] and bf16x2
     ints = ["m", "n", "K", "S", "P", "stride_xm", "stride_fn", "stride_os", "stride_om",
-            "stride_on", "stride_ss", "stride_sm"]
-    sig = {"x_ptr": "*bf16", "fn_ptr": "*fp32", "out_ptr": "*fp32", "sq_ptr": "*fp32",
-           "ws_ptr": "*fp32", "wss_ptr": "*fp32", "cnt_ptr": "*i32"}
+            "stride_on", "stride_ss", "stride_sm", "f_plane"]
+    sig = {"x_ptr": "*bf16", "fn_ptr": "*bf16" if presplit else "*fp32", "out_ptr": "*fp32",
+           "sq_ptr": "*fp32", "ws_ptr": "*fp32", "wss_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig.update({k: "i32" for k in ints})
     rb = cfg["rb"]
     pb = min(triton.next_power_of_2(cfg["p"]), max(1, cfg.get("gel", 8192) // (rb * 32)))
     const = dict(stride_xk=1, stride_fk=1, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"],
                  NP=32, KB=64, USE_WS=cfg["p"] > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]),
-                 R=cfg["r"], RB=rb, PB=pb, INTERP_IT=0, INTERP_PQ=0, PDL=True)
+                 PRESPLIT=presplit, R=cfg["r"], RB=rb, PB=pb, INTERP_IT=0, INTERP_PQ=0, PDL=True)
     sig.update({k: "constexpr" for k in const})
-    k = triton.compile(ASTSource(hp._hc_prenorm_kernel, sig, const),
+    # what the JIT specialises at DSV4's shapes (16-byte aligned tensors, K = 16384): without it
+    # Triton cannot vectorise the loads, does not software-pipeline the loop (no cp.async) and the
+    # shared memory checked here would be a single stage's, not the real kernel's
+    an = hp._hc_prenorm_kernel.arg_names
+    attrs = {(an.index(a),): [["tt.divisibility", 16]]
+             for a in ("x_ptr", "fn_ptr", "out_ptr", "sq_ptr", "ws_ptr", "wss_ptr", "cnt_ptr", "K",
+                       "stride_xm", "stride_fn", "f_plane")}
+    k = triton.compile(ASTSource(hp._hc_prenorm_kernel, sig, const, attrs),
                        target=GPUTarget("cuda", 120, 32),
                        options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
     ptx = k.asm["ptx"]
-    res.append(dict(case=[m, S, bf16x2], cfg=cfg, shared=k.metadata.shared,
+    split_ok = True
+    if presplit:  # the fn split kernel runs before it
+        ks = triton.compile(ASTSource(hp._fn_split_kernel,
+                                      {"fn_ptr": "*fp32", "dst_ptr": "*bf16", "n": "i32", "K": "i32",
+                                       "stride_fn": "i32", "stride_fk": "constexpr", "BLOCK": "constexpr",
+                                       "PDL": "constexpr"},
+                                      dict(stride_fk=1, BLOCK=hp._SPLIT_BLOCK, PDL=True)),
+                            target=GPUTarget("cuda", 120, 32), options=dict(num_warps=4))
+        split_ok = "griddepcontrol.wait" in ks.asm["ptx"] and ks.metadata.shared <= hp.SMEM_LIMIT
+    res.append(dict(case=[m, S, bf16x2], cfg=cfg, shared=k.metadata.shared, split_ok=split_ok,
                     sm120a=".target sm_120a" in ptx, mma_sync="mma.sync" in ptx,
-                    wgmma="wgmma" in ptx, tcgen05="tcgen05" in ptx, gdc_wait="griddepcontrol.wait" in ptx))
+                    wgmma="wgmma" in ptx, tcgen05="tcgen05" in ptx, gdc_wait="griddepcontrol.wait" in ptx,
+                    cp_async="cp.async" in ptx))
 print("AOT" + json.dumps(res))
 """
 
@@ -383,10 +412,12 @@ def test_sm120_aot_compile_smem_and_no_sm90_only_instructions(sm120_aot, case):
     mma.sync only (no wgmma / tcgen05, which SM120 lacks); with PDL (the default on cc >= 9) the
     kernel waits in griddepcontrol.wait."""
     d = sm120_aot[tuple(case)]
-    assert d["sm120a"] and d["gdc_wait"], d
+    assert d["sm120a"] and d["gdc_wait"] and d["split_ok"], d
     assert d["shared"] <= hp.SMEM_LIMIT, d
     assert not d["wgmma"] and not d["tcgen05"], d
     assert d["mma_sync"] or d["cfg"]["fma"], d  # the FMA kernel has no MMA at all
+    # the MMA kernel's K loop is software-pipelined (cp.async into shared memory)
+    assert d["cp_async"] or d["cfg"]["fma"], d
 
 
 @pytest.mark.parametrize("S", [1, 2, 16, 64])
@@ -416,3 +447,6 @@ def test_workspace_is_reused_and_outgrown_buffers_stay_alive():
     c = hp._workspace(dev, 1 << 20)
     assert c.numel() == 1 << 20 and len(hp._WORKSPACES[("cpu", 0)]) == 2
     assert hp._WORKSPACES[("cpu", 0)][0].data_ptr() == a.data_ptr()  # kept alive
+    h = hp._workspace(dev, 1000, torch.bfloat16)  # the pre-split fn planes: a buffer of their own
+    assert h.dtype == torch.bfloat16 and h.data_ptr() != a.data_ptr()
+    assert hp._workspace(dev, 3000, torch.bfloat16).data_ptr() == h.data_ptr()

@@ -29,6 +29,10 @@ Precision (DSV4_HC_PRENORM_PRECISION): ``bf16x2`` (default) splits each fn tile 
 bf16 hi + lo and runs two bf16 MMAs: fn keeps 16 mantissa bits, x (bf16) is exact,
 so it is at least as accurate as DeepGEMM's tf32 (10 bits) and uses the fast bf16
 MMA on SM120. ``tf32`` gives DeepGEMM's own rounding class.
+At large m (table field ``presplit``) the split is done once per call by a small kernel
+(``_fn_split_kernel``: fn -> bf16 hi / lo planes in a persistent per-stream buffer) instead of
+in every m tile, and the GEMM loads both planes as MMA operands: same numbers, 1.15-1.45x
+with mma.sync at m >= 2048 (docs/hc_prenorm.md, run 7).
 """
 from __future__ import annotations
 
@@ -47,20 +51,33 @@ _KBLOCK = 64  # DeepGEMM's split granularity (BLOCK_K of its sm90/sm100 kernels)
 _NPAD = 32  # n is padded to this many MMA columns
 MAX_N = 32
 _COUNTER_CAP = 4096
+_SPLIT_BLOCK = 1024  # K elements per program of _fn_split_kernel
 SMEM_LIMIT = 101376
 
 
 # --------------------------------------------------------------------------- kernel
 @triton.jit
-def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stride_fk,
-          BF16X2: tl.constexpr, FMA: tl.constexpr, INTERP: tl.constexpr):
+def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stride_fk, f_plane,
+          BF16X2: tl.constexpr, FMA: tl.constexpr, PRESPLIT: tl.constexpr, INTERP: tl.constexpr):
     ks = k0 + kk
     k_ok = ks < k_hi
     xt = tl.load(x_base + ks[None, :] * stride_xk,
                  mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     xf = xt.to(tl.float32)
     sq += tl.sum(xf * xf, axis=1)
-    if FMA:
+    if PRESPLIT:
+        # fn already split into bf16 hi / lo planes (_fn_split_kernel, f_plane elements apart): both
+        # tiles go global -> shared -> MMA operand as loaded, with no per-tile conversion
+        f_mask = k_ok[:, None] & col_ok[None, :]
+        hi = tl.load(f_base + ks[:, None] * stride_fk, mask=f_mask, other=0.0)
+        lo = tl.load(f_base + f_plane + ks[:, None] * stride_fk, mask=f_mask, other=0.0)
+        if INTERP:  # the interpreter's bf16 dot is broken; same products in fp32
+            acc = tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xt, hi, acc)
+            acc = tl.dot(xt, lo, acc)
+    elif FMA:
         # CUDA-core path for a few rows: fn tile [NP, BLOCK_K] (K contiguous, as x),
         # exact fp32 products, no shared memory, no MMA padding of the rows.
         ft = tl.load(f_base + ks[None, :] * stride_fk,
@@ -84,6 +101,25 @@ def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stri
 
 
 @triton.jit
+def _fn_split_kernel(fn_ptr, dst_ptr, n, K, stride_fn, stride_fk,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # fn fp32 [n, K] -> dst bf16 [2, n, K]: hi = bf16(fn), lo = bf16(fn - hi), the same roundings as
+    # the per-tile split of _step (BF16X2), done once per call instead of once per m tile
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # fn may come from an earlier kernel
+        tl.extra.cuda.gdc_launch_dependents()  # the GEMM grid may be scheduled now; it waits for us
+    row = tl.program_id(1)
+    ks = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = ks < K
+    f = tl.load(fn_ptr + row * stride_fn + ks * stride_fk, mask=ok, other=0.0)
+    hi = f.to(tl.bfloat16)
+    lo = (f - hi.to(tl.float32)).to(tl.bfloat16)
+    d = dst_ptr + row.to(tl.int64) * K + ks
+    tl.store(d, hi, mask=ok)
+    tl.store(d + n * K, lo, mask=ok)
+
+
+@triton.jit
 def _gather(tot, tsq, ws_ptr, wss_ptr, z0, q0, P, m, r64, r_ok, cols, col_ok,
             NP: tl.constexpr, PB: tl.constexpr):
     # PB partials x RB rows x NP columns in one load, summed over the partials
@@ -104,9 +140,10 @@ def _hc_prenorm_kernel(
     x_ptr, fn_ptr, out_ptr, sq_ptr, ws_ptr, wss_ptr, cnt_ptr,
     m, n, K, S, P,
     stride_xm, stride_xk, stride_fn, stride_fk,
-    stride_os, stride_om, stride_on, stride_ss, stride_sm,
+    stride_os, stride_om, stride_on, stride_ss, stride_sm, f_plane,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NP: tl.constexpr,
     KB: tl.constexpr, USE_WS: tl.constexpr, BF16X2: tl.constexpr, FMA: tl.constexpr,
+    PRESPLIT: tl.constexpr,
     R: tl.constexpr, RB: tl.constexpr, PB: tl.constexpr,
     INTERP_IT: tl.constexpr, INTERP_PQ: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -153,11 +190,11 @@ def _hc_prenorm_kernel(
     if INTERP_IT > 0:
         for it in range(0, INTERP_IT):
             acc, sq = _step(acc, sq, x_base, f_base, k_lo + it * BLOCK_K, k_hi, kk, row_ok,
-                            col_ok, stride_xk, stride_fk, BF16X2, FMA, True)
+                            col_ok, stride_xk, stride_fk, f_plane, BF16X2, FMA, PRESPLIT, True)
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             acc, sq = _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok,
-                            stride_xk, stride_fk, BF16X2, FMA, False)
+                            stride_xk, stride_fk, f_plane, BF16X2, FMA, PRESPLIT, False)
 
     o_mask = row_ok[:, None] & col_ok[None, :]
     if USE_WS:
@@ -258,20 +295,20 @@ def _counters(device: torch.device):
     return buf
 
 
-def _workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """fp32 scratch for the partials, persistent per (device, stream) and grown in
-    powers of two outside graph capture. Outgrown buffers are kept alive (graphs
-    captured earlier still point at them), so the memory held is < 2x the largest
+def _workspace(device: torch.device, numel: int, dtype=torch.float32) -> torch.Tensor:
+    """Scratch (fp32 partials; bf16 for the pre-split fn planes), persistent per (device, stream,
+    dtype) and grown in powers of two outside graph capture. Outgrown buffers are kept alive
+    (graphs captured earlier still point at them), so the memory held is < 2x the largest
     request. While capturing with no buffer big enough, a per-call allocation from the
     graph's pool is used instead (what a plain torch.empty would do)."""
-    key = _stream_key(device)
+    key = _stream_key(device) if dtype == torch.float32 else _stream_key(device) + (dtype,)
     bufs = _WORKSPACES.setdefault(key, [])
     if bufs and bufs[-1].numel() >= numel:
         return bufs[-1][:numel]
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.empty(numel, dtype=torch.float32, device=device)
+        return torch.empty(numel, dtype=dtype, device=device)
     size = max(1 << 16, triton.next_power_of_2(numel))
-    bufs.append(torch.empty(size, dtype=torch.float32, device=device))
+    bufs.append(torch.empty(size, dtype=dtype, device=device))
     return bufs[-1][:numel]
 
 
@@ -281,6 +318,11 @@ def _workspace(device: torch.device, numel: int) -> torch.Tensor:
 # (m tile, split) (fewer where each would read < 16 KiB of partials).
 # Each entry is the fastest config of an H100 sweep (every config checked against the
 # float64 reference first); docs/hc_prenorm.md and docs/hc_prenorm_runs/ have the numbers.
+# ``p="fill"`` (large m): about one program per SM, S * p = round(num_sms / m tiles) in [2, 16]
+# (run 7: at m = 4096 a fixed p = 2 left half the H100 idle, 223 vs 86 us with mma.sync; p = 1
+# was 2-3x slower than p = 2 at every large m). ``presplit``: fn is split into bf16 hi / lo
+# planes by _fn_split_kernel first (run 7: 1.15-1.45x with mma.sync at m >= 2048, slower below
+# 1024 where the extra launch and L2 traffic are not paid back).
 # "wgmma": what Triton builds for sm_90 (run 3 sweep); "mma": mma.sync, the instruction
 # class SM120 has (sm_90 with DISABLE_MMA_V3=1, run 4 sweep), used for every other GPU.
 _MMA_CFG = dict(fma=False, block_k=64, num_warps=4)
@@ -296,7 +338,7 @@ _TABLES = {
         (512, dict(_MMA_CFG, block_m=64, p=32, r=16, num_stages=3)),
         (1024, dict(_MMA_CFG, block_m=64, p=16, r=8, num_stages=3)),
         (2048, dict(_MMA_CFG, block_m=128, p=16, r=16, num_warps=8, num_stages=3)),
-        (None, dict(_MMA_CFG, block_m=128, p=2, r=1, num_warps=8, num_stages=4)),
+        (None, dict(_MMA_CFG, block_m=128, p="fill", r=1, num_warps=8, num_stages=4, presplit=True)),
     ],
 }
 _TABLES["mma"] = [
@@ -309,8 +351,8 @@ _TABLES["mma"] = [
     (128, dict(_MMA_CFG, block_m=64, p=64, r=16, num_stages=3)),
     (512, dict(_MMA_CFG, block_m=64, p=32, r=16, num_stages=4)),
     (1024, dict(_MMA_CFG, block_m=64, p=16, r=8, num_stages=3)),
-    (2048, dict(_MMA_CFG, block_m=64, p=16, r=1, num_stages=3)),
-    (None, dict(_MMA_CFG, block_m=128, p=2, r=1, num_warps=8, num_stages=3)),
+    (2048, dict(_MMA_CFG, block_m=128, p=16, r=16, num_warps=8, num_stages=3, presplit=True)),
+    (None, dict(_MMA_CFG, block_m=128, p="fill", r=1, num_warps=8, num_stages=3, presplit=True)),
 ]
 _REF_SMS = 132
 _REDUCER_BYTES = 16384  # partials one reducer should read at least
@@ -370,13 +412,16 @@ def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None =
     cfg = _table_entry(m, kind)
     ppsm = cfg.pop("ppsm", 16)
     cfg.update({k: v for k, v in o.items() if k in ("fma", "block_m", "block_k", "r", "pb", "gel",
-                                                    "num_warps", "num_stages")})
+                                                    "num_warps", "num_stages", "presplit")})
     bm = cfg["block_m"]
     m_tiles = triton.cdiv(m, bm)
     groups = m_tiles * S
     nb_min = triton.cdiv(K, _KBLOCK) // S  # blocks in the smallest split
-    if "p" in o:
+    if "p" in o and o["p"] != "fill":
         p = o["p"]
+    elif cfg["p"] == "fill" or o.get("p") == "fill":
+        total = min(16, max(2, round(num_sms / m_tiles)))  # K pieces per m tile, caller's splits included
+        p = max(1, min(round(total / S), triton.cdiv(ppsm * num_sms, groups)))
     else:
         p_cap = max(1, cfg["p"] * num_sms // _REF_SMS)
         p = min(triton.cdiv(p_cap, S), triton.cdiv(ppsm * num_sms, groups))
@@ -393,6 +438,7 @@ def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None =
         r //= 2
     cfg.update(p=p, r=r, rb=rows_t // r, pb=cfg.get("pb"))
     cfg.setdefault("num_stages", 3)
+    cfg["presplit"] = bool(cfg.get("presplit", False)) and not cfg["fma"]
     return cfg
 
 
@@ -491,14 +537,24 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         longest = triton.cdiv(triton.cdiv(nb, S), P) * _KBLOCK
         interp_it = max(1, triton.cdiv(longest, cfg["block_k"]))
     pdl = _use_pdl(dev)
+    presplit = cfg["presplit"] and bf16x2  # tf32 mode multiplies fn as given
+    fb, f_strides, f_plane = fn, (fn.stride(0), fn.stride(1)), 0
+    if presplit:
+        # one small kernel splits fn into bf16 hi / lo planes [2, n, K] (a persistent per-stream buffer,
+        # so graph replays see the same address); the GEMM then loads both as MMA operands directly
+        fb = _workspace(dev, 2 * n * K, torch.bfloat16)
+        f_strides, f_plane = (K, 1), n * K
+        _fn_split_kernel[(triton.cdiv(K, _SPLIT_BLOCK), n)](
+            fn, fb, n, K, fn.stride(0), fn.stride(1), BLOCK=_SPLIT_BLOCK, PDL=pdl,
+            num_warps=4, launch_pdl=pdl)
     global last_compiled
     last_compiled = _hc_prenorm_kernel[grid](
-        x, fn, out3, sq2, ws, wss, cnt,
+        x, fb, out3, sq2, ws, wss, cnt,
         m, n, K, S, P,
-        x.stride(0), x.stride(1), fn.stride(0), fn.stride(1),
-        out3.stride(0), out3.stride(1), out3.stride(2), sq2.stride(0), sq2.stride(1),
+        x.stride(0), x.stride(1), f_strides[0], f_strides[1],
+        out3.stride(0), out3.stride(1), out3.stride(2), sq2.stride(0), sq2.stride(1), f_plane,
         BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], NP=_NPAD, KB=_KBLOCK,
-        USE_WS=P > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]),
+        USE_WS=P > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]), PRESPLIT=presplit,
         R=R, RB=rb, PB=pb,
         INTERP_IT=interp_it, INTERP_PQ=triton.cdiv(P, pb) if interp_it else 0, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl,
