@@ -95,7 +95,8 @@ def run():
     from torch.profiler import ProfilerActivity, profile
     lib = _ext.load()
     if os.environ.get("NO_HALF_HEADS"):     # mma64 keeps 64 heads per block at every grid size
-        sd.mma64_heads_per_block = lambda *a: 64
+        _launch = sd.mma64_launch
+        sd.mma64_launch = lambda b, s_q, h_q, T, sms, hpb=None: _launch(b, s_q, h_q, T, sms, hpb or 64)
     traced = hasattr(lib, "dsv4_trace_read")
     tag = os.environ.get("TAG", os.path.basename(_ext.lib_path()))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -114,7 +115,9 @@ def run():
                      attn_sink=torch.randn(h, device="cuda", generator=gen)) for _ in range(4)]
         fn = lambda a: sd.sparse_decode(**a, impl=os.environ.get("IMPL"))
         t, _ = B.time_fn(fn, sets, 40)
-        splits, stoks = sd.choose_splits(b, 1, h, 128 + extra, sd._sm_count(torch.device("cuda")))
+        impl = os.environ.get("IMPL") or "auto"
+        hpb, splits, stoks = sd.mma64_launch(b, 1, h, 128 + extra, sd._sm_count(torch.device("cuda")),
+                                             {"mma64h32": 32, "mma64h16": 16}.get(impl))
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -143,9 +146,6 @@ def run():
         torch.cuda.synchronize()
         if lib.dsv4_trace_read(buf, ctypes.sizeof(buf)) != 0:
             raise SystemExit("dsv4_trace_read failed")
-        impl = os.environ.get("IMPL") or "auto"
-        hpb = ({"mma64h32": 32, "mma64h16": 16}.get(impl, 64) if impl not in ("mma64", "auto") else
-               sd.mma64_heads_per_block(b, 1, h, splits, sd._sm_count(torch.device("cuda"))))
         nb = min(NBLK, b * -(-h // hpb) * splits)
         T = lambda pt, i: buf[pt * NBLK + i]
         t0 = min(T(0, i) for i in range(nb))

@@ -14,6 +14,7 @@ Graph-safe: no host syncs; the split-KV workspace is a torch allocation whose si
 shapes; the SM count is cached per device. q and indices may have arbitrary strides (passed to the
 kernel, no copies); attn_sink ([h_q] floats) is made contiguous if it is not (tiny copy).
 """
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -27,7 +28,7 @@ D = 512
 TOKEN_BYTES = 584
 TOK_TILE = 32          # kTokTile (kernel.cuh) = kM64Tok (kernel_mma64.cuh)
 # heads per block: kHeadTile (kernel.cuh) / kMmaHeads (kernel_mma.cuh) / kM64Heads (kernel_mma64.cuh)
-# ("mma64h32" / "mma64h16": the mma64 kernel with 32 / 16 heads per block, see mma64_heads_per_block)
+# ("mma64h32" / "mma64h16": the mma64 kernel with 32 / 16 heads per block, see mma64_launch)
 HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64, "mma64h32": 32, "mma64h16": 16}
 IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3, "mma64h16": 4}     # SparseDecodeParams.impl
 MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at the C ABI
@@ -37,8 +38,8 @@ MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at th
 #           b=128 h_q=16: 58.8 vs 113.5 us; 47 us since 16-head blocks compute one m16 tile). SM120
 #           unmeasured: DSV4_SPARSE_DECODE_IMPL=mma is the way back.
 #   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async staging + double-buffered K/V tile;
-#           16 or 32 heads/block (only those m16 tiles computed) when they hold all h_q heads or the
-#           grid is small (mma64_heads_per_block)
+#           16 or 32 heads/block (only those m16 tiles computed) where the cost model says so, chosen
+#           together with the split count (mma64_launch)
 #   "mma64h32" / "mma64h16" the same kernel with 32 / 16 heads/block for every shape (tests, comparisons)
 #   "mma"   mma.sync, 32 heads/block
 #   "simt"  the first fp32-FMA kernel
@@ -64,22 +65,15 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
                   impl: Optional[str] = None) -> Tuple[int, int]:
     """(num_splits, split_tokens) from shapes only; each split gets whole 32-token tiles.
     simt / mma: split the position list only when the grid does not fill ~2 blocks per SM.
-    mma64 (one block per SM): the split count minimising waves * (tiles per split + 1 for the
-    prologue) + 2 for the combine pass (in units of one token tile's time); more splits only when
-    that is >= 5% cheaper."""
+    mma64 family: the split count of ``mma64_launch`` (cost model; for "mma64" chosen jointly with
+    the heads per block, for "mma64h16" / "mma64h32" with those heads)."""
     impl = resolve_impl(h_q, impl)
+    if impl.startswith("mma64"):
+        _, splits, split_tokens = mma64_launch(b, s_q, h_q, total_positions, num_sms,
+                                               None if impl == "mma64" else HEAD_TILE[impl])
+        return splits, split_tokens
     tiles = max(1, -(-total_positions // TOK_TILE))
     blocks = b * s_q * (-(-h_q // HEAD_TILE[impl]))
-    if impl.startswith("mma64"):
-        best = None
-        for s in range(1, min(MAX_SPLITS, tiles) + 1):
-            per = -(-tiles // s)
-            s_eff = -(-tiles // per)
-            waves = -(-blocks * s_eff // num_sms)
-            cost = waves * (per + 1) + (2 if s_eff > 1 else 0)
-            if best is None or cost < 0.95 * best[0]:      # more splits only for a clear gain
-                best = (cost, s_eff, per)
-        return best[1], best[2] * TOK_TILE
     splits = 1
     if blocks < 2 * num_sms:
         splits = min(MAX_SPLITS, tiles, max(1, -(-2 * num_sms // blocks)))
@@ -88,16 +82,56 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
     return splits, per * TOK_TILE
 
 
-def mma64_heads_per_block(b: int, s_q: int, h_q: int, splits: int, num_sms: int) -> int:
-    """Heads per mma64 block: the fewest of 16 / 32 / 64 that hold all h_q heads (no zero m16 tiles to
-    compute), or fewer (16, else 32) when that grid, with its splits, still fits in one wave (<= num_sms
-    blocks). A 16- or 32-head block computes only its 1 or 2 m16 tiles and stores fewer head rows, and
-    more blocks run at once: at b = 1 the partial stores are a large part of a block's time and go at a
-    per-SM rate (docs/sparse_decode.md, runs 20, 23 and 25)."""
-    for hpb in (16, 32):
-        if hpb >= h_q or b * s_q * (-(-h_q // hpb)) * splits <= num_sms:
-            return hpb
-    return 64
+# Cost model of one mma64 call (split grid + combine), in H100 microseconds: a least-squares fit
+# (relative error) to run 26's sweep of every heads-per-block x split count at b 1..16, h_q 16..128,
+# s_q 1..2, extra 512 / 2048 (1780 points; docs/sparse_decode.md "Launch shape",
+# scripts/sweep_sparse_decode.py). Its argmin is within 0.6 % of the fastest measured point on each of
+# the 80 shapes (the old rule: up to 1.29x; tests/test_sparse_decode.py checks the picks against the data):
+#   base + waves * (tiles per split * tile[hpb] + wave) + [splits > 1] partial MB * part_mb
+# waves = ceil(blocks / num_sms) (one 101 KB, 255-register block per SM); partial MB = the fp32 partial
+# outputs written by the split grid and read back by the combine. Only the argmin is used; the SM count
+# comes from the device, the per-tile and per-byte weights are the H100's (SM120: slower DRAM, so the
+# partial term would weigh somewhat more).
+M64_COST = dict(base=4.88, tile={16: 1.84, 32: 2.11, 64: 2.74}, wave=1.32, part_mb=0.62)
+
+
+def mma64_cost(b: int, s_q: int, h_q: int, tiles: int, hpb: int, splits: int, num_sms: int) -> float:
+    """Modelled time (H100 us) of an mma64 launch with ``hpb`` heads per block and ``splits`` splits."""
+    per = -(-tiles // splits)
+    splits = -(-tiles // per)
+    blocks = b * s_q * (-(-h_q // hpb)) * splits
+    waves = -(-blocks // num_sms)
+    c = M64_COST["base"] + waves * (per * M64_COST["tile"][hpb] + M64_COST["wave"])
+    if splits > 1:
+        c += splits * b * s_q * h_q * D * 4 / 1e6 * M64_COST["part_mb"]
+    return c
+
+
+@functools.lru_cache(maxsize=4096)
+def mma64_launch(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
+                 heads_per_block: Optional[int] = None) -> Tuple[int, int, int]:
+    """(heads per block, num_splits, split_tokens) of the mma64 kernel: the argmin of ``mma64_cost``
+    over 16 / 32 / 64 heads per block (or the given one) and every split count with its own number of
+    tiles per split (ties: fewer heads, then fewer splits). A 32- or 64-head block is only a candidate
+    when it holds more than half its heads' worth of real heads (no block of only zero m16 tiles).
+    Shapes only (cached): no device query, CUDA-graph safe."""
+    tiles = max(1, -(-total_positions // TOK_TILE))
+    cands = (heads_per_block,) if heads_per_block else tuple(x for x in (16, 32, 64) if x == 16 or x // 2 < h_q)
+    best = None
+    for hpb in cands:
+        for s in range(1, min(MAX_SPLITS, tiles) + 1):
+            per = -(-tiles // s)
+            if -(-tiles // per) != s:        # same tiles per split as a smaller count
+                continue
+            c = mma64_cost(b, s_q, h_q, tiles, hpb, s, num_sms)
+            if best is None or c < best[0] - 1e-9:
+                best = (c, hpb, s, per)
+    return best[1], best[2], best[3] * TOK_TILE
+
+
+def mma64_heads_per_block(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int) -> int:
+    """Heads per mma64 block for this shape ("auto" / "mma64"): see ``mma64_launch``."""
+    return mma64_launch(b, s_q, h_q, total_positions, num_sms)[0]
 
 
 def _fail(arg, expected, got):
@@ -185,9 +219,11 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
     extra_topk = extra_indices.shape[2] if has_extra else 0
     impl = resolve_impl(h_q, impl)
     num_sms = _sm_count(dev)
-    splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, num_sms, impl)
-    if impl == "mma64":
-        impl = {64: "mma64", 32: "mma64h32", 16: "mma64h16"}[mma64_heads_per_block(b, s_q, h_q, splits, num_sms)]
+    if impl == "mma64":   # heads per block and split count chosen together
+        hpb, splits, split_tokens = mma64_launch(b, s_q, h_q, topk + extra_topk, num_sms)
+        impl = {64: "mma64", 32: "mma64h32", 16: "mma64h16"}[hpb]
+    else:
+        splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, num_sms, impl)
     if splits > 1:
         o_part = torch.empty((splits, b * s_q, h_q, D), dtype=torch.float32, device=dev)
         lse_part = torch.empty((splits, b * s_q, h_q), dtype=torch.float32, device=dev)

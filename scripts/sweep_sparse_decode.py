@@ -1,0 +1,144 @@
+"""Sweep of the mma64 kernel's launch shape at small batches: heads per block (16 / 32 / 64) x split
+count, per decode shape, against what the shipped rule (mma64_launch, a cost model fit to this sweep) picks
+and against the rule before it (run 25: split count from a tile-count model, then the fewest heads per
+block whose grid fits one wave; kept here as ``rule_run25``).
+Not a test; the data behind the rule (docs/sparse_decode.md). Prints a table per shape and writes JSON.
+
+    python scripts/sweep_sparse_decode.py --out build/sweep_sparse_decode [--bs 1,2,4,8,16] [--reps 10]
+
+Each point is checked against the shipped choice's output on the same inputs (bf16 outputs of two
+orderings of the same fp32 sums: max abs difference <= 2^-6 of the output's scale) before it is timed.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_sparse_decode import make_cache, time_fn  # noqa: E402
+import deepseek_v4_kernel.ops.sparse_decode as sd  # noqa: E402
+
+HPB_IMPL = {16: "mma64h16", 32: "mma64h32", 64: "mma64"}
+
+
+def rule_run25(b, s_q, h_q, T, num_sms):
+    """(heads per block, splits) of the rule shipped before run 26."""
+    tiles = max(1, -(-T // sd.TOK_TILE))
+    blocks = b * s_q * (-(-h_q // 64))
+    best = None
+    for s in range(1, min(sd.MAX_SPLITS, tiles) + 1):
+        per = -(-tiles // s)
+        s_eff = -(-tiles // per)
+        waves = -(-blocks * s_eff // num_sms)
+        cost = waves * (per + 1) + (2 if s_eff > 1 else 0)
+        if best is None or cost < 0.95 * best[0]:
+            best = (cost, s_eff, per)
+    splits = best[1]
+    for hpb in (16, 32):
+        if hpb >= h_q or b * s_q * (-(-h_q // hpb)) * splits <= num_sms:
+            return hpb, splits
+    return 64, splits
+
+
+def split_candidates(tiles, max_splits):
+    """Split counts with distinct tiles-per-split (what the kernel sees), fewest splits first."""
+    out, seen = [], set()
+    for s in range(1, min(max_splits, tiles) + 1):
+        per = -(-tiles // s)
+        if per not in seen:
+            seen.add(per)
+            out.append(-(-tiles // per))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="build/sweep_sparse_decode")
+    ap.add_argument("--bs", default="1,2,4,8,16")
+    ap.add_argument("--hs", default="16,32,64,128")
+    ap.add_argument("--sqs", default="1,2")
+    ap.add_argument("--extras", default="512,2048")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--max-blocks-per-sm", type=int, default=3,
+                    help="skip points whose grid has more than this many blocks per SM")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    dev = torch.device("cuda", 0)
+    num_sms = sd._sm_count(dev)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    main_tokens = 128
+    main_cache = make_cache(65536, 256, gen, pad=576)
+    extra_cache = make_cache(262144, 64, gen)
+    orig_choose, orig_launch = sd.choose_splits, sd.mma64_launch
+    res = {"device": torch.cuda.get_device_name(0), "num_sms": num_sms, "rows": []}
+    print(f"{torch.cuda.get_device_name(0)} SMs={num_sms}")
+    for b in [int(v) for v in args.bs.split(",")]:
+        for h_q in [int(v) for v in args.hs.split(",")]:
+            for s_q in [int(v) for v in args.sqs.split(",")]:
+                for extra in [int(v) for v in args.extras.split(",")]:
+                    T = main_tokens + extra
+                    tiles = -(-T // sd.TOK_TILE)
+                    sets = []
+                    for _ in range(4):
+                        sets.append(dict(
+                            q=torch.randn(b, s_q, h_q, 512, device=dev, generator=gen).bfloat16(),
+                            k_cache=main_cache,
+                            indices=torch.randint(0, 65536, (b, s_q, main_tokens), device=dev, generator=gen,
+                                                  dtype=torch.int32),
+                            topk_length=torch.full((b,), main_tokens, dtype=torch.int32, device=dev),
+                            extra_k_cache=extra_cache,
+                            extra_indices=torch.randint(0, 262144, (b, s_q, extra), device=dev, generator=gen,
+                                                        dtype=torch.int32),
+                            extra_topk_length=torch.full((b,), extra, dtype=torch.int32, device=dev),
+                            attn_sink=torch.randn(h_q, device=dev, generator=gen)))
+                    hpb_auto, s_auto, _ = sd.mma64_launch(b, s_q, h_q, T, num_sms)
+                    ref_out, _ = sd.sparse_decode(**sets[0])
+                    t_auto, _ = time_fn(lambda a: sd.sparse_decode(**a), sets, args.reps)
+                    row = dict(b=b, h_q=h_q, s_q=s_q, extra=extra, tiles=tiles, auto=(hpb_auto, s_auto),
+                               auto_us=t_auto, points=[])
+                    scale = float(ref_out.float().abs().max()) + 1e-6
+                    for hpb in (16, 32, 64):
+                        if hpb > 16 and hpb // 2 >= h_q:   # a block holding only zero m16 tiles beyond h_q
+                            continue
+                        hb = -(-h_q // hpb)
+                        for s in split_candidates(tiles, sd.MAX_SPLITS):
+                            if b * s_q * hb * s > args.max_blocks_per_sm * num_sms:
+                                continue
+                            per = -(-tiles // s)
+                            # force this point: the auto path asks mma64_launch, the fixed-heads one choose_splits
+                            sd.choose_splits = lambda *a, s=s, per=per, **k: (s, per * sd.TOK_TILE)
+                            sd.mma64_launch = lambda *a, hpb=hpb, s=s, per=per, **k: (hpb, s, per * sd.TOK_TILE)
+                            try:
+                                o, _ = sd.sparse_decode(**sets[0], impl=HPB_IMPL[hpb])
+                                diff = float((o.float() - ref_out.float()).abs().max())
+                                if not diff <= scale * 2 ** -6:
+                                    row["points"].append(dict(hpb=hpb, splits=s, error=f"diff {diff:.3g}"))
+                                    continue
+                                t, _ = time_fn(lambda a, im=HPB_IMPL[hpb]: sd.sparse_decode(**a, impl=im), sets,
+                                               args.reps)
+                            finally:
+                                sd.choose_splits, sd.mma64_launch = orig_choose, orig_launch
+                            row["points"].append(dict(hpb=hpb, splits=s, per=per, us=t))
+                    ok = [p for p in row["points"] if "us" in p]
+                    best = min(ok, key=lambda p: p["us"])
+                    row["best"] = best
+                    old = rule_run25(b, s_q, h_q, T, num_sms)
+                    row["rule_run25"] = old
+                    row["rule_run25_us"] = next((p["us"] for p in ok if (p["hpb"], p["splits"]) == old), None)
+                    res["rows"].append(row)
+                    print(f"b={b:>3} h={h_q:>3} sq={s_q} extra={extra:>5} | auto {hpb_auto:>2}h x {s_auto:>2} "
+                          f"{t_auto:7.2f} us | best {best['hpb']:>2}h x {best['splits']:>2} {best['us']:7.2f} us "
+                          f"({t_auto / best['us']:.3f}x) | run25 rule {old[0]:>2}h x {old[1]:>2} "
+                          f"{row['rule_run25_us'] or float('nan'):7.2f} us | " +
+                          " ".join(f"{p['hpb']}h{p['splits']}:{p['us']:.1f}" for p in sorted(ok, key=lambda p: p["us"])[:6]),
+                          flush=True)
+                    with open(os.path.join(args.out, "sweep_sparse_decode.json"), "w") as f:
+                        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
