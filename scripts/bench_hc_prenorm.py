@@ -330,6 +330,9 @@ def main():
     ap.add_argument("--diag", action="store_true", help="time the small-m diagnostics")
     ap.add_argument("--sweep-presplit", action="store_true",
                     help="the sweep also times every MMA candidate with the pre-split fn")
+    ap.add_argument("--ab", default="", metavar="FIELD",
+                    help="A/B only: per m of --ms, the table's config with FIELD off and on "
+                         "(e.g. sq2d, presplit), alternating, 2 rounds, each checked first")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     out_path = os.path.join(args.out, "bench_hc_prenorm.json")
@@ -344,6 +347,23 @@ def main():
     print(json.dumps(meta), flush=True)
     result = {"meta": meta}
     t0 = time.time()
+    if args.ab:
+        kind = hp.mma_kind(torch.device("cuda", 0))
+        result["ab"] = []
+        for m in ms:
+            base = hp._table_entry(m, kind)
+            for rnd in range(2):
+                for on in (False, True):
+                    cfg = dict(base, **{args.ab: on})
+                    ok, msg = _verify(m, cfg, {})
+                    r = bench_m(m, bw, n_sms, args.reps, cfg)
+                    result["ab"].append(dict(m=m, field=args.ab, on=on, round=rnd, us=r["ours_us"],
+                                             floor_pct=r["ours_floor_pct"], ok=ok, check=msg))
+                    print(f"{kind} m={m} {args.ab}={on} round {rnd}: {r['ours_us']:.2f} us "
+                          f"{r['ours_floor_pct']:.0f} % floor, {msg}", flush=True)
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+        return
     if args.diag:
         result["diag"] = diagnostics(bw, n_sms, args.reps)
     if args.sweep:

@@ -129,6 +129,7 @@ _FMA = {"fma": True, "num_stages": 1}
     (20, 2, {**_MMA, "p": 3, "block_m": 16, "r": 1, "presplit": True}),  # fn split by its own kernel
     (70, 1, {**_MMA, "p": 2, "block_m": 64, "r": 4, "presplit": True}),
     (33, 3, {**_MMA, "p": 1, "block_m": 32, "r": 1, "presplit": True}),  # no workspace
+    (70, 2, {**_MMA, "p": 2, "block_m": 64, "r": 1, "presplit": True, "sq2d": True}),  # sqrsum reduced once
 ])
 def test_internal_subsplits_and_repeat(device, m, S, cfg):
     # force the workspace + reduction (P > 1) and call twice, so the counters must
@@ -253,6 +254,8 @@ def test_gpu_tf32_mode_and_large_m(monkeypatch, m):
     (2000, 2, {**_MMA, "block_m": 64, "p": 16, "r": 1, "presplit": True}),
     (8192, None, {**_MMA, "block_m": 128, "p": 2, "r": 1, "num_warps": 8, "presplit": True}),
     (4097, None, {**_MMA, "block_m": 64, "p": 1, "r": 1, "num_stages": 4, "presplit": True}),
+    (8192, None, {**_MMA, "block_m": 128, "p": "fill", "r": 1, "num_warps": 8, "presplit": True, "sq2d": True}),
+    (513, 2, {**_MMA, "block_m": 64, "p": 16, "r": 8, "sq2d": True}),
 ])
 def test_gpu_variants_full_k(m, num_splits, cfg):
     """The kernel variants the tile table and the bench sweep use, at DSV4's K, called
@@ -354,7 +357,8 @@ for m, S, bf16x2 in json.loads(sys.argv[1]):
     pb = min(triton.next_power_of_2(cfg["p"]), max(1, cfg.get("gel", 8192) // (rb * 32)))
     const = dict(stride_xk=1, stride_fk=1, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"],
                  NP=32, KB=64, USE_WS=cfg["p"] > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]),
-                 PRESPLIT=presplit, R=cfg["r"], RB=rb, PB=pb, INTERP_IT=0, INTERP_PQ=0, PDL=True)
+                 PRESPLIT=presplit, SQ2D=cfg["sq2d"], R=cfg["r"], RB=rb, PB=pb, INTERP_IT=0, INTERP_PQ=0,
+                 PDL=True)
     sig.update({k: "constexpr" for k in const})
     # what the JIT specialises at DSV4's shapes (16-byte aligned tensors, K = 16384): without it
     # Triton cannot vectorise the loads, does not software-pipeline the loop (no cp.async) and the

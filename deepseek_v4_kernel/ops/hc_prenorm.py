@@ -58,13 +58,17 @@ SMEM_LIMIT = 101376
 # --------------------------------------------------------------------------- kernel
 @triton.jit
 def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stride_fk, f_plane,
-          BF16X2: tl.constexpr, FMA: tl.constexpr, PRESPLIT: tl.constexpr, INTERP: tl.constexpr):
+          BF16X2: tl.constexpr, FMA: tl.constexpr, PRESPLIT: tl.constexpr, INTERP: tl.constexpr,
+          SQ2D: tl.constexpr = False):
     ks = k0 + kk
     k_ok = ks < k_hi
     xt = tl.load(x_base + ks[None, :] * stride_xk,
                  mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     xf = xt.to(tl.float32)
-    sq += tl.sum(xf * xf, axis=1)
+    if SQ2D:  # element-wise partial sums, reduced across threads once after the K loop
+        sq += xf * xf
+    else:
+        sq += tl.sum(xf * xf, axis=1)
     if PRESPLIT:
         # fn already split into bf16 hi / lo planes (_fn_split_kernel, f_plane elements apart): both
         # tiles go global -> shared -> MMA operand as loaded, with no per-tile conversion
@@ -143,7 +147,7 @@ def _hc_prenorm_kernel(
     stride_os, stride_om, stride_on, stride_ss, stride_sm, f_plane,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NP: tl.constexpr,
     KB: tl.constexpr, USE_WS: tl.constexpr, BF16X2: tl.constexpr, FMA: tl.constexpr,
-    PRESPLIT: tl.constexpr,
+    PRESPLIT: tl.constexpr, SQ2D: tl.constexpr,
     R: tl.constexpr, RB: tl.constexpr, PB: tl.constexpr,
     INTERP_IT: tl.constexpr, INTERP_PQ: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -181,7 +185,10 @@ def _hc_prenorm_kernel(
     kk = tl.arange(0, BLOCK_K)
 
     acc = tl.zeros((BLOCK_M, NP), dtype=tl.float32)
-    sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if SQ2D:
+        sq = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    else:
+        sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     x_base = x_ptr + rows64[:, None] * stride_xm
     if FMA:
         f_base = fn_ptr + cols[:, None] * stride_fn
@@ -190,12 +197,14 @@ def _hc_prenorm_kernel(
     if INTERP_IT > 0:
         for it in range(0, INTERP_IT):
             acc, sq = _step(acc, sq, x_base, f_base, k_lo + it * BLOCK_K, k_hi, kk, row_ok,
-                            col_ok, stride_xk, stride_fk, f_plane, BF16X2, FMA, PRESPLIT, True)
+                            col_ok, stride_xk, stride_fk, f_plane, BF16X2, FMA, PRESPLIT, True, SQ2D)
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             acc, sq = _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok,
-                            stride_xk, stride_fk, f_plane, BF16X2, FMA, PRESPLIT, False)
+                            stride_xk, stride_fk, f_plane, BF16X2, FMA, PRESPLIT, False, SQ2D)
 
+    if SQ2D:
+        sq = tl.sum(sq, axis=1)
     o_mask = row_ok[:, None] & col_ok[None, :]
     if USE_WS:
         # partial of (split s, sub-slice p): ws [S*P, m, NP], wss [S*P, m]
@@ -322,7 +331,10 @@ def _workspace(device: torch.device, numel: int, dtype=torch.float32) -> torch.T
 # (run 7: at m = 4096 a fixed p = 2 left half the H100 idle, 223 vs 86 us with mma.sync; p = 1
 # was 2-3x slower than p = 2 at every large m). ``presplit``: fn is split into bf16 hi / lo
 # planes by _fn_split_kernel first (run 7: 1.15-1.45x with mma.sync at m >= 2048, slower below
-# 1024 where the extra launch and L2 traffic are not paid back).
+# 1024 where the extra launch and L2 traffic are not paid back). ``sq2d``: the square-sum is kept
+# element-wise [BLOCK_M, BLOCK_K] in the K loop and reduced across threads once after it, not every
+# step (run 7 A/B: 3.7-5 % with mma.sync at m >= 2048, 1-2 % natively, nothing at 512; 128 -> 140
+# registers for BLOCK_M 128 / 8 warps on sm_120a).
 # "wgmma": what Triton builds for sm_90 (run 3 sweep); "mma": mma.sync, the instruction
 # class SM120 has (sm_90 with DISABLE_MMA_V3=1, run 4 sweep), used for every other GPU.
 _MMA_CFG = dict(fma=False, block_k=64, num_warps=4)
@@ -338,7 +350,7 @@ _TABLES = {
         (512, dict(_MMA_CFG, block_m=64, p=32, r=16, num_stages=3)),
         (1024, dict(_MMA_CFG, block_m=64, p=16, r=8, num_stages=3)),
         (2048, dict(_MMA_CFG, block_m=128, p=16, r=16, num_warps=8, num_stages=3)),
-        (None, dict(_MMA_CFG, block_m=128, p="fill", r=1, num_warps=8, num_stages=4, presplit=True)),
+        (None, dict(_MMA_CFG, block_m=128, p="fill", r=1, num_warps=8, num_stages=4, presplit=True, sq2d=True)),
     ],
 }
 _TABLES["mma"] = [
@@ -351,8 +363,8 @@ _TABLES["mma"] = [
     (128, dict(_MMA_CFG, block_m=64, p=64, r=16, num_stages=3)),
     (512, dict(_MMA_CFG, block_m=64, p=32, r=16, num_stages=4)),
     (1024, dict(_MMA_CFG, block_m=64, p=16, r=8, num_stages=3)),
-    (2048, dict(_MMA_CFG, block_m=128, p=16, r=16, num_warps=8, num_stages=3, presplit=True)),
-    (None, dict(_MMA_CFG, block_m=128, p="fill", r=1, num_warps=8, num_stages=3, presplit=True)),
+    (2048, dict(_MMA_CFG, block_m=128, p=16, r=16, num_warps=8, num_stages=3, presplit=True, sq2d=True)),
+    (None, dict(_MMA_CFG, block_m=128, p="fill", r=1, num_warps=8, num_stages=3, presplit=True, sq2d=True)),
 ]
 _REF_SMS = 132
 _REDUCER_BYTES = 16384  # partials one reducer should read at least
@@ -412,7 +424,7 @@ def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None =
     cfg = _table_entry(m, kind)
     ppsm = cfg.pop("ppsm", 16)
     cfg.update({k: v for k, v in o.items() if k in ("fma", "block_m", "block_k", "r", "pb", "gel",
-                                                    "num_warps", "num_stages", "presplit")})
+                                                    "num_warps", "num_stages", "presplit", "sq2d")})
     bm = cfg["block_m"]
     m_tiles = triton.cdiv(m, bm)
     groups = m_tiles * S
@@ -439,6 +451,7 @@ def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None =
     cfg.update(p=p, r=r, rb=rows_t // r, pb=cfg.get("pb"))
     cfg.setdefault("num_stages", 3)
     cfg["presplit"] = bool(cfg.get("presplit", False)) and not cfg["fma"]
+    cfg["sq2d"] = bool(cfg.get("sq2d", False))
     return cfg
 
 
@@ -554,7 +567,7 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         x.stride(0), x.stride(1), f_strides[0], f_strides[1],
         out3.stride(0), out3.stride(1), out3.stride(2), sq2.stride(0), sq2.stride(1), f_plane,
         BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], NP=_NPAD, KB=_KBLOCK,
-        USE_WS=P > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]), PRESPLIT=presplit,
+        USE_WS=P > 1, BF16X2=bf16x2, FMA=bool(cfg["fma"]), PRESPLIT=presplit, SQ2D=cfg["sq2d"],
         R=R, RB=rb, PB=pb,
         INTERP_IT=interp_it, INTERP_PQ=triton.cdiv(P, pb) if interp_it else 0, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl,
