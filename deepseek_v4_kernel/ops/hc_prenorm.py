@@ -57,6 +57,18 @@ SMEM_LIMIT = 101376
 
 # --------------------------------------------------------------------------- kernel
 @triton.jit
+def _dot_hi_lo(acc, xt, xf, hi, lo, INTERP: tl.constexpr):
+    # acc += x @ (hi + lo) as two bf16 MMAs
+    if INTERP:  # the interpreter's bf16 dot is broken; same products in fp32
+        acc = tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(xt, hi, acc)
+        acc = tl.dot(xt, lo, acc)
+    return acc
+
+
+@triton.jit
 def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stride_fk, f_plane,
           BF16X2: tl.constexpr, FMA: tl.constexpr, PRESPLIT: tl.constexpr, INTERP: tl.constexpr,
           SQ2D: tl.constexpr = False):
@@ -75,12 +87,7 @@ def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stri
         f_mask = k_ok[:, None] & col_ok[None, :]
         hi = tl.load(f_base + ks[:, None] * stride_fk, mask=f_mask, other=0.0)
         lo = tl.load(f_base + f_plane + ks[:, None] * stride_fk, mask=f_mask, other=0.0)
-        if INTERP:  # the interpreter's bf16 dot is broken; same products in fp32
-            acc = tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
-            acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xt, hi, acc)
-            acc = tl.dot(xt, lo, acc)
+        acc = _dot_hi_lo(acc, xt, xf, hi, lo, INTERP)
     elif FMA:
         # CUDA-core path for a few rows: fn tile [NP, BLOCK_K] (K contiguous, as x),
         # exact fp32 products, no shared memory, no MMA padding of the rows.
@@ -93,12 +100,7 @@ def _step(acc, sq, x_base, f_base, k0, k_hi, kk, row_ok, col_ok, stride_xk, stri
         if BF16X2:
             hi = ft.to(tl.bfloat16)
             lo = (ft - hi.to(tl.float32)).to(tl.bfloat16)
-            if INTERP:  # the interpreter's bf16 dot is broken; same products in fp32
-                acc = tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
-                acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, hi, acc)
-                acc = tl.dot(xt, lo, acc)
+            acc = _dot_hi_lo(acc, xt, xf, hi, lo, INTERP)
         else:
             acc = tl.dot(xf, ft, acc, input_precision="tf32")
     return acc, sq
