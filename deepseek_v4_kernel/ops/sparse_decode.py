@@ -85,8 +85,9 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
 # Cost model of one mma64 call (split grid + combine), in H100 microseconds: a least-squares fit
 # (relative error) to run 26's sweep of every heads-per-block x split count at b 1..16, h_q 16..128,
 # s_q 1..2, extra 512 / 2048 (1780 points; docs/sparse_decode.md "Launch shape",
-# scripts/sweep_sparse_decode.py). Its argmin is within 0.6 % of the fastest measured point on each of
-# the 80 shapes (the old rule: up to 1.33x; tests/test_sparse_decode.py checks the picks against the data):
+# scripts/sweep_sparse_decode.py). On a re-run of the sweep with this code its argmin is within 3.8 % of
+# the fastest measured point on each of the 80 shapes (the old rule: up to 1.28x; tests/test_sparse_decode.py
+# checks the picks against those data):
 #   base + waves * (tiles per split * tile[hpb] + wave) + [splits > 1] partial MB * part_mb
 # waves = ceil(blocks / num_sms) (one 101 KB, 255-register block per SM); partial MB = the fp32 partial
 # outputs written by the split grid and read back by the combine. Only the argmin is used; the SM count
