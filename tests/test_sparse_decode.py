@@ -162,7 +162,6 @@ def test_choose_splits_shapes_only():
     assert launch(128, 1, 16, 640, 132) == (16, 1, 640) and launch(128, 1, 32, 640, 132) == (32, 1, 640)
     assert launch(8192, 2, 128, 2176, 188) == (64, 1, 2176)
     assert launch(1, 1, 8, 640, 132)[0] == 16 and launch(128, 1, 48, 640, 132)[0] == 64
-    assert sd.mma64_heads_per_block(1, 1, 64, 640, 132) == 16
     with pytest.raises(UnsupportedCase, match="impl"):
         sd.resolve_impl(64, "nope")
 

@@ -130,11 +130,6 @@ def mma64_launch(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
     return best[1], best[2], best[3] * TOK_TILE
 
 
-def mma64_heads_per_block(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int) -> int:
-    """Heads per mma64 block for this shape ("auto" / "mma64"): see ``mma64_launch``."""
-    return mma64_launch(b, s_q, h_q, total_positions, num_sms)[0]
-
-
 def _fail(arg, expected, got):
     raise UnsupportedCase(f"{OP}: {arg} must be {expected}, got {got}")
 
