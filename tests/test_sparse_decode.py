@@ -263,7 +263,7 @@ def test_gpu_vs_reference(name):
 @pytest.mark.parametrize("splits", [1, 2, 4, 5, 7, 9, 13, 26])
 @pytest.mark.parametrize("impl", ["mma64", "mma64h16"])
 def test_gpu_forced_split_counts(monkeypatch, impl, splits):
-    """Every combine variant (kChunk 4 / 8 / 16 for <= 4 / 5..8 / more splits) and the split counts the
+    """Both combine variants (kChunk 4 for <= 4 splits, 16 above) and the split counts the
     cost model may pick, forced through the launch-shape functions, all optional arguments present.
     26 tiles (128 + 700 positions): each count here is ceil(26 / tiles per split), as the rule makes it."""
     a = _to_cuda(_case(b=2, s_q=2, h_q=64, topk=128, extra_topk=700, n_extra=900, with_len=True,
