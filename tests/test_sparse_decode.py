@@ -109,10 +109,16 @@ def test_shim_signatures():
 
 
 def test_max_splits_matches_params_h():
-    """ops/sparse_decode.MAX_SPLITS is the C ABI's limit (the combine kernel's), not a second number."""
+    """ops/sparse_decode.MAX_SPLITS is the C ABI's limit (the combine kernel's), not a second number; the
+    ctypes mirror lists params.h's fields in order (the loader also compares the struct sizes)."""
     import re
+
+    from deepseek_v4_kernel._ext import SparseDecodeParams
     src = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "sparse_decode", "params.h")).read()
     assert int(re.search(r"#define DSV4_SPARSE_DECODE_MAX_SPLITS (\d+)", src).group(1)) == sd.MAX_SPLITS
+    body = src[src.index("typedef struct SparseDecodeParams"):src.index("} SparseDecodeParams;")]
+    fields = re.findall(r"^\s+(?:const )?\w+\*? ?\*?(\w+);", body, re.M)
+    assert fields == [f[0] for f in SparseDecodeParams._fields_]
 
 
 def test_impl_codes_match_the_c_side():
@@ -260,16 +266,19 @@ def test_gpu_vs_reference(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("splits", [1, 2, 4, 5, 7, 9, 13, 26])
+@pytest.mark.parametrize("tiles, splits", [(26, 1), (26, 2), (26, 4), (26, 5), (26, 7), (26, 9), (26, 13),
+                                           (26, 26), (40, 20), (40, 40), (64, 22), (64, 32), (64, 64)])
 @pytest.mark.parametrize("impl", ["mma64", "mma64h16"])
-def test_gpu_forced_split_counts(monkeypatch, impl, splits):
-    """Both combine variants (kChunk 4 for <= 4 splits, 16 above) and the split counts the
-    cost model may pick, forced through the launch-shape functions, all optional arguments present.
-    26 tiles (128 + 700 positions): each count here is ceil(26 / tiles per split), as the rule makes it."""
-    a = _to_cuda(_case(b=2, s_q=2, h_q=64, topk=128, extra_topk=700, n_extra=900, with_len=True,
-                       with_extra_len=True, sink=True, seed=7))
-    per = -(-26 // splits)
-    assert -(-26 // per) == splits
+def test_gpu_forced_split_counts(monkeypatch, impl, tiles, splits):
+    """Both combine variants (kChunk 4 for <= 4 splits, 16 above: 17..64 splits take two to four rounds)
+    and the split counts the cost model may pick, forced through the launch-shape functions, all
+    optional arguments present. `tiles` 32-token tiles (128 main + the rest extra positions); each count
+    is ceil(tiles / tiles per split), as the rule makes it."""
+    extra = tiles * 32 - 128
+    a = _to_cuda(_case(b=2, s_q=2, h_q=64, topk=128, extra_topk=extra, n_extra=extra + 200, with_len=True,
+                       with_extra_len=True, sink=True, seed=7 + tiles))
+    per = -(-tiles // splits)
+    assert -(-tiles // per) == splits
     hpb = sd.HEAD_TILE[impl]
     monkeypatch.setattr(sd, "mma64_launch", lambda *args, **kw: (hpb, splits, per * 32))
     monkeypatch.setattr(sd, "choose_splits", lambda *args, **kw: (splits, per * 32))
@@ -408,6 +417,8 @@ def test_gpu_argument_errors():
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 200])
 def test_gpu_cuda_graph_replay_matches_eager(b):
+    """Captured on a stream that ran an eager call first (as SGLang's graph runner warms up); replayed three
+    times on poisoned outputs."""
     a = _to_cuda(_case(b=b, s_q=2, h_q=64, topk=128, extra_topk=256, with_extra_len=True, sink=True, seed=7))
     eo, el = _run(a)                          # eager (also configures the kernel once)
     s = torch.cuda.Stream()
@@ -416,12 +427,13 @@ def test_gpu_cuda_graph_replay_matches_eager(b):
         sd.sparse_decode(**a)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):
         go, gl = sd.sparse_decode(**a)
-    go.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(go, eo) and torch.equal(gl, el)
+    for _ in range(3):
+        go.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(go, eo) and torch.equal(gl, el)
     # new inputs in place -> replay follows them
     a["q"].copy_(torch.randn_like(a["q"]))
     g.replay()
