@@ -146,7 +146,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench_sparse_decode")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="b in {1, 128} only")
+    ap.add_argument("--bs", default="", help="comma list of b (overrides the default / --quick list)")
     ap.add_argument("--max-b-competitors", type=int, default=128)
     ap.add_argument("--impls", default=IMPL,
                     help="comma list of kernels to time (simt, mma, mma64, auto); the first is 'ours'")
@@ -169,6 +170,8 @@ def main():
     main_cache = make_cache(65536, page_main, gen, pad=576)
     extra_cache = make_cache(262144, page_extra, gen)
     bs = [1, 8, 32, 128, 1024] if not args.quick else [1, 128]
+    if args.bs:
+        bs = [int(v) for v in args.bs.split(",")]
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     shapes = [(b, h_q, s_q, extra) for h_q in [64, 128] for s_q in [1, 2] for extra in [512, 2048] for b in bs]
     # per-GPU heads at TP2/TP4 when q is not padded to 64: shows which kernel "auto" should pick there

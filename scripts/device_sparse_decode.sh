@@ -3,7 +3,7 @@
 # is there and REBUILD is unset, GPU tests per kernel, bench (first of BENCH_IMPLS = "ours"), optional
 # Nsight Compute profile of one shape. At most 6 files land in $OUT (the device tool returns 8).
 # Usage on the device machine (repo root): OUT=/some/dir bash scripts/device_sparse_decode.sh
-#   IMPLS="mma mma64"          kernels to run the GPU tests with (DSV4_SPARSE_DECODE_IMPL)
+#   IMPLS="mma mma64"          kernels to run the GPU tests with (DSV4_SPARSE_DECODE_IMPL); TEST_FILES: which files
 #   BENCH_IMPLS=mma64,mma      kernels to time; QUICK=1: b in {1, 128} only; REPS (default 20)
 #   NCU="128,64,1,512"         also profile that shape (b,h_q,s_q,extra) of the first bench impl
 #   REF_CSRC=build/ref/csrc    A/B: another csrc/ tree (made here with `git archive <commit> csrc | tar -x -C
@@ -11,6 +11,8 @@
 #                              unset); after the main bench, AB_ROUNDS
 #                              (default 2) alternating quick benches of this tree's library and the ref one
 #                              (AB_IMPLS, default mma64; no competitors), per-shape table in $OUT/ab.log
+#   AB_VARIANTS="new ref x:VAR=1"  A/B variants (default "new ref" with REF_CSRC); NAME:VAR=VALUE runs this
+#                              tree's library with that environment; AB_BS="1,8,32" b values (default --quick)
 #   SKIP_BENCH=1               no main bench (e.g. an A/B-only call)
 set -u
 export PYTHONUNBUFFERED=1
@@ -28,8 +30,8 @@ fi
 wait
 for impl in ${IMPLS:-mma mma64}; do
   echo "=== pytest DSV4_SPARSE_DECODE_IMPL=$impl" | tee -a "$OUT/pytest.log"
-  DSV4_SPARSE_DECODE_IMPL=$impl timeout ${TEST_TIMEOUT:-180} python -m pytest -q -rs tests/test_sparse_decode.py \
-      tests/test_extension_build.py -p no:cacheprovider 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
+  DSV4_SPARSE_DECODE_IMPL=$impl timeout ${TEST_TIMEOUT:-180} python -m pytest -q -rs \
+      ${TEST_FILES:-tests/test_sparse_decode.py tests/test_extension_build.py} -p no:cacheprovider 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
   echo "pytest ($impl) rc=${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
 done
 if [ -z "${SKIP_BENCH:-}" ]; then
@@ -37,30 +39,38 @@ if [ -z "${SKIP_BENCH:-}" ]; then
       --impls ${BENCH_IMPLS:-mma64,mma} 2>&1 | tee "$OUT/bench.log"
   echo "bench rc=${PIPESTATUS[0]}"
 fi
-if [ -n "${REF_CSRC:-}" ] && [ -f build/ref.so ]; then
+# A/B variants: "new" (this tree's library), "ref" (REF_CSRC's), any NAME with a (carried) build/NAME.so, and
+# "NAME:VAR=VALUE" (that library, or this tree's, with an environment switch), e.g.
+# AB_VARIANTS="new ref nopdl:DSV4_SPARSE_DECODE_PDL=0"
+if [ -n "${REF_CSRC:-}${AB_VARIANTS:-}" ]; then
+  variants=${AB_VARIANTS:-new ref}
   for r in $(seq 1 ${AB_ROUNDS:-2}); do
-    for v in new ref; do
-      lib=$(pwd)/deepseek_v4_kernel/_C.so; [ $v = ref ] && lib=$(pwd)/build/ref.so
-      DSV4_KERNEL_LIB=$lib timeout ${BENCH_TIMEOUT:-300} python scripts/bench_sparse_decode.py --out "build/ab_${v}_$r" \
-          --reps ${REPS:-20} --quick --max-b-competitors 0 --impls ${AB_IMPLS:-mma64} > "build/ab_${v}_$r.log" 2>&1
-      echo "ab $v round $r rc=$?"
+    for var in $variants; do
+      name=${var%%:*}; envset=""; [ "$name" != "$var" ] && envset=${var#*:}
+      lib=$(pwd)/deepseek_v4_kernel/_C.so; [ -f "build/$name.so" ] && lib=$(pwd)/build/$name.so
+      env DSV4_KERNEL_LIB=$lib $envset timeout ${BENCH_TIMEOUT:-300} python scripts/bench_sparse_decode.py \
+          --out "build/ab_${name}_$r" --reps ${REPS:-20} ${AB_BS:+--bs $AB_BS} --quick --max-b-competitors 0 \
+          --impls ${AB_IMPLS:-mma64} > "build/ab_${name}_$r.log" 2>&1
+      echo "ab $name round $r rc=$?"
     done
   done
-  python - "${AB_ROUNDS:-2}" <<'PY' 2>&1 | tee "$OUT/ab.log"
+  python - "${AB_ROUNDS:-2}" $variants <<'PY' 2>&1 | tee "$OUT/ab.log"
 import json, sys
-rounds = int(sys.argv[1])
+rounds, names = int(sys.argv[1]), [v.split(":")[0] for v in sys.argv[2:]]
 def load(v, r):
-    return {(x["b"], x["h_q"], x["s_q"], x["extra"]): x["ours_us"]
+    return {(x["b"], x["h_q"], x["s_q"], x["extra"]): (x["ours_us"], x["splits"])
             for x in json.load(open(f"build/ab_{v}_{r}/bench_sparse_decode.json"))["rows"]}
-new = [load("new", r) for r in range(1, rounds + 1)]
-ref = [load("ref", r) for r in range(1, rounds + 1)]
-print(f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} | {'new us (rounds)':>24} | {'ref us (rounds)':>24} | new/ref")
-for k in new[0]:
-    n = [d[k] for d in new]; f = [d[k] for d in ref]
-    print(f"{k[0]:>5} {k[1]:>4} {k[2]:>3} {k[3]:>6} | {' '.join(f'{x:7.1f}' for x in n):>24} | "
-          f"{' '.join(f'{x:7.1f}' for x in f):>24} | {min(n) / min(f):.3f}")
+data = {n: [load(n, r) for r in range(1, rounds + 1)] for n in names}
+base = names[0]
+print(f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | " + " | ".join(f"{n + ' us (rounds)':>22}" for n in names)
+      + " | " + " ".join(f"{n + '/' + base:>10}" for n in names[1:]))
+for k in data[base][0]:
+    mins = {n: min(d[k][0] for d in data[n]) for n in names}
+    print(f"{k[0]:>5} {k[1]:>4} {k[2]:>3} {k[3]:>6} {data[base][0][k][1]:>5} | "
+          + " | ".join(f"{' '.join(f'{d[k][0]:7.1f}' for d in data[n]):>22}" for n in names)
+          + " | " + " ".join(f"{mins[n] / mins[base]:>10.3f}" for n in names[1:]))
 PY
-  cat build/ab_new_1.log | head -3 >> "$OUT/ab.log"
+  head -3 build/ab_new_1.log >> "$OUT/ab.log" 2>/dev/null
 fi
 if [ -n "${NCU:-}" ]; then
   if command -v ncu >/dev/null 2>&1; then
