@@ -23,7 +23,10 @@ def _kernel_smem_constant():
     for f in ("kernel.cuh", "kernel_mma.cuh", "kernel_mma64.cuh"):
         src = open(os.path.join(ROOT, "csrc/sparse_decode", f)).read()
         for name, expr in re.findall(r"constexpr int (\w+) = ([^;]+);", src):
-            env[name] = eval(expr.split("//")[0], {}, dict(env))
+            try:
+                env[name] = eval(expr.split("//")[0], {}, dict(env))
+            except (NameError, SyntaxError):  # a constant of a kernel template (uses its parameter): not a size
+                pass
     return {"sparse_decode_kernel": env["kSmemBytes"], "sparse_decode_mma_kernel": env["kMmaSmemBytes"],
             "sparse_decode_mma64_kernel": env["kM64SmemBytes"]}
 

@@ -5,18 +5,20 @@
 //
 //   block = 8 warps (256 threads, one block per SM: 255 registers/thread), kM64Heads = 64 heads (4 m16
 //   tiles) of one (row, split), or 32 / 16 heads (template MT = 2 / 1, impl 3 / 4: only those m16 tiles
-//   are computed, S by warps 0 .. 2 MT - 1); token tile kM64Tok = 32. Three barriers per tile i:
+//   are computed; S by all 8 warps, split over the dims); token tile kM64Tok = 32. Three barriers per tile i:
 //     barrier C  buffer i%2 holds tile i (dequantised during PV of tile i-1, or by the prologue), the
 //              staging area is free, PV of tile i-1 is done with P, alpha and buffer (i+1)%2.
 //     issue    cp.async of tile i+1's raw rows into the staging area (invalid slots staged as zeros),
 //              raw slot indices of tile i+2 into registers (tested only when they are issued: a test
 //              right after the load stalls the warp for the whole global round trip).
-//     phase 1  S = Q K^T of tile i from K/V buffer i%2: warp (mq = warp&3, kh = warp>>2) computes
-//              S[16 heads of mq, 32 tokens] over dims [256 kh, 256 kh + 256); Q A-fragments live in
-//              registers for the whole block (64 regs), K B-fragments via ldmatrix.x4; kh = 1 hands its
-//              partial to kh = 0 through smem (Sx). Shared-memory bound (the 4 mq warps each read the
-//              same K fragments: 128 KB of ldmatrix per tile).                          -- barrier A
-//     phase 2  warps kh = 0: online softmax of tile i in registers (FlashAttention-2 style: a quad owns
+//     phase 1  S = Q K^T of tile i from K/V buffer i%2: warp (mq = warp % MT, kq = warp / MT) computes
+//              S[16 heads of mq, 32 tokens] over its kM64Dims(MT) = 64 MT dims [kq * 64 MT, +64 MT): every
+//              warp takes part, whatever the heads per block; Q A-fragments live in registers for the whole
+//              block (16 MT registers: 64 / 32 / 16), K B-fragments via ldmatrix.x4; the warps kq >= 1 hand
+//              their partials to kq = 0 through smem (Sx at MT = 4; at MT = 2 / 1 the 3 / 7 partials go to
+//              the other K/V buffer, free from barrier C to barrier B). Shared-memory bound at MT = 4 (the 4
+//              mq warps each read the same K fragments: 128 KB of ldmatrix per tile).  -- barrier A
+//     phase 2  warps kq = 0: online softmax of tile i in registers (FlashAttention-2 style: a quad owns
 //              a head row, max by quad shuffles), P -> smem bf16, alpha -> smem; then every thread waits
 //              for its copies of tile i+1.                                             -- barrier B
 //     phase 3  O = O * alpha + P V of tile i: warp w owns O[64 heads, dims 64w .. 64w+63] (128 fp32
@@ -40,7 +42,7 @@ constexpr int kSxPitch = kM64Tok + 8;                           // fp32 per Sx r
 constexpr int kM64KTile = kM64Tok * kKPitch;                    // bf16 elements per K/V buffer
 constexpr int kM64SmemRing = kM64StageBytes;                    // 18816 B (one staging stage)
 constexpr int kM64SmemK = 2 * kM64KTile * 2;                    // 66560 B (two bf16 K/V tiles, pitch 520)
-constexpr int kM64SmemSx = kM64Heads * kSxPitch * 4;            // 10240 B (partial S of kh = 1; final m, l)
+constexpr int kM64SmemSx = kM64Heads * kSxPitch * 4;            // 10240 B (partial S of kq = 1 at MT = 4; final m, l)
 constexpr int kM64SmemP = kM64Heads * kPPitch * 2;              //  5120 B (P, bf16, pitch 40)
 constexpr int kM64SmemStats = kM64Heads * 4 + 2 * kM64Tok * 4;  //   512 B (alpha; valid flags per K/V buffer)
 constexpr int kM64SmemBytes = kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP + kM64SmemStats;  // 101248 B
@@ -48,6 +50,11 @@ static_assert(kM64SmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per
 static_assert(kM64Threads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
 static_assert(kM64StageBytes % 16 == 0 && kM64SmemK % 16 == 0, "smem regions must stay 16-byte aligned");
 static_assert(2 * kM64Heads <= kM64Heads * kSxPitch, "final m, l alias the Sx region");
+// S split over the dims: KQ = 8 / MT warps per m16 tile, each over 512 / KQ = 64 MT dims
+template <int MT>
+constexpr int kM64Dims = 64 * MT;
+// MT < 4: the 8 / MT - 1 partials of S (16 MT rows each, pitch kSxPitch floats) live in the idle K/V buffer
+static_assert((8 - 1) * 16 * kSxPitch * 4 <= kM64KTile * 2, "MT = 1 S partials fit one K/V buffer");
 
 // 16 / 8 bytes global -> shared, asynchronous; src_bytes = 0 writes zeros and reads nothing (the
 // slot is invalid: its staged row becomes all zeros, so the dequantisation needs no branch)
@@ -108,11 +115,12 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  // S / softmax roles: warp (mq, kh) = m16 tile mq, dims [256 kh, +256). With MT = 4, kh = warp >> 2 (the
-  // softmax warps 0..3 sit on the 4 schedulers); with MT < 4 the S warps are 0 .. 2 MT - 1 (one scheduler
-  // each) and the others only take part in PV and the dequantisation.
-  const int mq = MT == 4 ? (warp & 3) : (warp >> 1), kh = MT == 4 ? (warp >> 2) : (warp & 1);
-  const bool s_warp = mq < MT;
+  // S / softmax roles: warp (mq, kq) = m16 tile mq, dims [kq * kDims, +kDims) with kDims = 64 MT, i.e. all 8
+  // warps compute S (with MT < 4 fewer heads per warp-row, so more warps along the dims: run 27, before it
+  // only warps 0 .. 2 MT - 1 did, over 256 dims each). The softmax warps kq = 0 are 0 .. MT - 1.
+  constexpr int kDims = kM64Dims<MT>;
+  constexpr int kKSteps = kDims / 16;   // k16 steps of a warp's S (16 / 8 / 4 for MT = 4 / 2 / 1)
+  const int mq = warp % MT, kq = warp / MT;
   // heads per block: 64, or 32 / 16 (MT = 2 / 1; ops/sparse_decode.mma64_heads_per_block: when they hold
   // all heads or the grid is small): each block stores fewer head rows
   // and computes fewer m16 tiles, and the grid has more blocks (at b = 1 the partial stores are a large
@@ -188,21 +196,21 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     for (int step = 0; step < 8; ++step) dequant_piece(c, buf, step);
   };
 
-  // ---- Q A-fragments (registers for the whole block): heads h0 + 16mq + g (+8), dims 256kh + 16ks + 2t4 (+8)
-  uint32_t qf[16][4];
+  // ---- Q A-fragments (registers for the whole block): heads h0 + 16mq + g (+8), dims kDims kq + 16ks + 2t4 (+8)
+  uint32_t qf[kKSteps][4];
   {
     const unsigned short* q = (const unsigned short*)p.q;
     const int hl = h0 + mq * 16 + g, hh = hl + 8;
     const int64_t qb = bi * p.q_stride_b + si * p.q_stride_s;
-    const unsigned short* ql = q + qb + (int64_t)hl * p.q_stride_h + 256 * kh + 2 * t4;
-    const unsigned short* qh = q + qb + (int64_t)hh * p.q_stride_h + 256 * kh + 2 * t4;
-    const bool vl = s_warp && hl < h_end, vh = s_warp && hh < h_end;
+    const unsigned short* ql = q + qb + (int64_t)hl * p.q_stride_h + kDims * kq + 2 * t4;
+    const unsigned short* qh = q + qb + (int64_t)hh * p.q_stride_h + kDims * kq + 2 * t4;
+    const bool vl = hl < h_end, vh = hh < h_end;
     // even strides + 4-byte-aligned base (the usual case): each bf16 pair is one 4-byte load, which
     // halves the load instructions of this prologue (64 KB of Q per block; on the b = 1 critical path)
     const bool pairs = ((p.q_stride_b | p.q_stride_s | p.q_stride_h) & 1) == 0 && ((uintptr_t)p.q & 3) == 0;
     if (pairs) {
 #pragma unroll
-      for (int ks = 0; ks < 16; ++ks) {
+      for (int ks = 0; ks < kKSteps; ++ks) {
         const int d = 16 * ks;
         qf[ks][0] = vl ? __ldg((const unsigned int*)(ql + d)) : 0u;
         qf[ks][1] = vh ? __ldg((const unsigned int*)(qh + d)) : 0u;
@@ -211,7 +219,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       }
     } else {
 #pragma unroll
-      for (int ks = 0; ks < 16; ++ks) {
+      for (int ks = 0; ks < kKSteps; ++ks) {
         const int d = 16 * ks;
         qf[ks][0] = vl ? (uint32_t)__ldg(ql + d) | ((uint32_t)__ldg(ql + d + 1) << 16) : 0u;
         qf[ks][1] = vh ? (uint32_t)__ldg(qh + d) | ((uint32_t)__ldg(qh + d + 1) << 16) : 0u;
@@ -222,7 +230,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   }
 
   const float scale2 = (float)(p.softmax_scale * 1.4426950408889634);
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;   // warps kh = 0: rows g, g + 8 of mq
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;   // warps kq = 0: rows g, g + 8 of mq
   float acc[4][8][4];
 #pragma unroll
   for (int m = 0; m < 4; ++m)
@@ -250,15 +258,15 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     cp_async_commit();
     nidx = slot_load(p, bi, si, pos_begin + (it + 2) * kM64Tok + gn, pos_end);
 
-    // ---- phase 1: S partial: heads 16mq.., tokens 8j.., dims 256kh + 16ks; ldmatrix.x4 = 2 k-steps of one n-tile
-    //      (shared-memory bound: the four m16 warps of a kh half each read the same K fragments)
+    // ---- phase 1: S partial: heads 16mq.., tokens 8j.., dims kDims kq + 16ks; ldmatrix.x4 = 2 k-steps of one
+    //      n-tile (MT = 4: shared-memory bound, the four m16 warps of a kq half each read the same K fragments)
     float sacc[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
-    if (s_warp) {
-      const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + 256 * kh + 8 * (lane >> 3);
+    {
+      const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + kDims * kq + 8 * (lane >> 3);
 #pragma unroll
-      for (int ks = 0; ks < 16; ks += 2) {
+      for (int ks = 0; ks < kKSteps; ks += 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t b[4];
@@ -268,29 +276,41 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
         }
       }
     }
-    if (s_warp && kh == 1) {
-      float* sx = Sx + (mq * 16 + g) * kSxPitch + 2 * t4;
+    // partials of the warps kq >= 1: rows ((kq - 1) MT + mq) 16 + g of Sx (MT = 4) or of the K/V buffer that
+    // holds no tile now (MT < 4: tile it-1 was consumed by PV before barrier C, tile it+1 is written into it
+    // only after barrier B)
+    float* const sxp = MT == 4 ? Sx : (float*)(Kb + (buf ^ 1) * kM64KTile);
+    if (kq > 0) {
+      float* sx = sxp + (((kq - 1) * MT + mq) * 16 + g) * kSxPitch + 2 * t4;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         *(float2*)(sx + 8 * j) = make_float2(sacc[j][0], sacc[j][1]);
         *(float2*)(sx + 8 * kSxPitch + 8 * j) = make_float2(sacc[j][2], sacc[j][3]);
       }
     }
-    __syncthreads();      // A: partials of kh = 1 visible
+    __syncthreads();      // A: partials of kq >= 1 visible
 
-    // ---- phase 2: kh = 0 softmax of tile it
-    if (s_warp && kh == 0) {  // online softmax in registers (fp32, base 2); l from fp32 P, PV uses P in bf16
-      const float* sx = Sx + (mq * 16 + g) * kSxPitch + 2 * t4;
+    // ---- phase 2: kq = 0 softmax of tile it
+    if (kq == 0) {  // online softmax in registers (fp32, base 2); l from fp32 P, PV uses P in bf16
+      // the other warps' partials, added in kq order (the same order on every launch)
+#pragma unroll
+      for (int r = 0; r < 8 / MT - 1; ++r) {
+        const float* sx = sxp + ((r * MT + mq) * 16 + g) * kSxPitch + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 lo = *(const float2*)(sx + 8 * j);
+          const float2 hi = *(const float2*)(sx + 8 * kSxPitch + 8 * j);
+          sacc[j][0] += lo.x; sacc[j][1] += lo.y; sacc[j][2] += hi.x; sacc[j][3] += hi.y;
+        }
+      }
       float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 lo = *(const float2*)(sx + 8 * j);
-        const float2 hi = *(const float2*)(sx + 8 * kSxPitch + 8 * j);
         const bool v0 = vf[8 * j + 2 * t4] != 0, v1 = vf[8 * j + 2 * t4 + 1] != 0;
-        sacc[j][0] = v0 ? (sacc[j][0] + lo.x) * scale2 : -INFINITY;
-        sacc[j][1] = v1 ? (sacc[j][1] + lo.y) * scale2 : -INFINITY;
-        sacc[j][2] = v0 ? (sacc[j][2] + hi.x) * scale2 : -INFINITY;
-        sacc[j][3] = v1 ? (sacc[j][3] + hi.y) * scale2 : -INFINITY;
+        sacc[j][0] = v0 ? sacc[j][0] * scale2 : -INFINITY;
+        sacc[j][1] = v1 ? sacc[j][1] * scale2 : -INFINITY;
+        sacc[j][2] = v0 ? sacc[j][2] * scale2 : -INFINITY;
+        sacc[j][3] = v1 ? sacc[j][3] * scale2 : -INFINITY;
         mx_lo = fmaxf(mx_lo, fmaxf(sacc[j][0], sacc[j][1]));
         mx_hi = fmaxf(mx_hi, fmaxf(sacc[j][2], sacc[j][3]));
       }
@@ -373,7 +393,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       const int h = h0 + m * 16 + g + 8 * half;
       sink[m][half] = (p.num_splits == 1 && p.attn_sink != nullptr && h < h_end) ? p.attn_sink[h] : 0.f;
     }
-  if (s_warp && kh == 0) {
+  if (kq == 0) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
