@@ -12,7 +12,7 @@
 //              raw slot indices of tile i+2 into registers (tested only when they are issued: a test
 //              right after the load stalls the warp for the whole global round trip).
 //     phase 1  S = Q K^T of tile i from K/V buffer i%2: warp (mq = warp % MT, kq = warp / MT) computes
-//              S[16 heads of mq, 32 tokens] over its kM64Dims(MT) = 64 MT dims [kq * 64 MT, +64 MT): every
+//              S[16 heads of mq, 32 tokens] over its 64 MT dims [kq * 64 MT, +64 MT): every
 //              warp takes part, whatever the heads per block; Q A-fragments live in registers for the whole
 //              block (16 MT registers: 64 / 32 / 16), K B-fragments via ldmatrix.x4; the warps kq >= 1 hand
 //              their partials to kq = 0 through smem (Sx at MT = 4; at MT = 2 / 1 the 3 / 7 partials go to
@@ -50,9 +50,6 @@ static_assert(kM64SmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per
 static_assert(kM64Threads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
 static_assert(kM64StageBytes % 16 == 0 && kM64SmemK % 16 == 0, "smem regions must stay 16-byte aligned");
 static_assert(2 * kM64Heads <= kM64Heads * kSxPitch, "final m, l alias the Sx region");
-// S split over the dims: KQ = 8 / MT warps per m16 tile, each over 512 / KQ = 64 MT dims
-template <int MT>
-constexpr int kM64Dims = 64 * MT;
 // MT < 4: the 8 / MT - 1 partials of S (16 MT rows each, pitch kSxPitch floats) live in the idle K/V buffer
 static_assert((8 - 1) * 16 * kSxPitch * 4 <= kM64KTile * 2, "MT = 1 S partials fit one K/V buffer");
 
@@ -118,7 +115,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   // S / softmax roles: warp (mq, kq) = m16 tile mq, dims [kq * kDims, +kDims) with kDims = 64 MT, i.e. all 8
   // warps compute S (with MT < 4 fewer heads per warp-row, so more warps along the dims: run 27, before it
   // only warps 0 .. 2 MT - 1 did, over 256 dims each). The softmax warps kq = 0 are 0 .. MT - 1.
-  constexpr int kDims = kM64Dims<MT>;
+  constexpr int kDims = 64 * MT;       // S split over the dims: 8 / MT warps per m16 tile, 512 / (8 / MT) dims each
   constexpr int kKSteps = kDims / 16;   // k16 steps of a warp's S (16 / 8 / 4 for MT = 4 / 2 / 1)
   const int mq = warp % MT, kq = warp / MT;
   // heads per block: 64, or 32 / 16 (MT = 2 / 1; ops/sparse_decode.mma64_heads_per_block: when they hold
