@@ -311,15 +311,13 @@ def test_decode_limits_match_the_c_abi():
     ctypes mirror lists params.h's fields in order (the loader also compares the struct sizes)."""
     import re
 
+    from c_headers import header, struct_fields
     from deepseek_v4_kernel._ext import Fp4MoeDecodeParams
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    src = open(os.path.join(root, "csrc", "fp4_moe", "params.h")).read()
+    src = header("fp4_moe")
     assert int(re.search(r"#define DSV4_FP4_MOE_MAX_SLOTS (\d+)", src).group(1)) == op.DECODE_MAX_SLOTS
     assert int(re.search(r"#define DSV4_FP4_MOE_GEMM2_TILE (\d+)", src).group(1)) == op.DECODE_GEMM2_TILE
-    body = src[src.index("typedef struct Fp4MoeDecodeParams"):src.index("} Fp4MoeDecodeParams;")]
-    fields = re.findall(r"^\s+(?:const )?\w+\*? ?\*?(\w+);", body, re.M)
-    assert fields == [f[0] for f in Fp4MoeDecodeParams._fields_]
+    assert struct_fields(src, "Fp4MoeDecodeParams") == [f[0] for f in Fp4MoeDecodeParams._fields_]
     assert op.CUDA_DECODE_DEFAULT_SLOTS <= op.DECODE_MAX_SLOTS
 
 

@@ -113,12 +113,11 @@ def test_max_splits_matches_params_h():
     ctypes mirror lists params.h's fields in order (the loader also compares the struct sizes)."""
     import re
 
+    from c_headers import header, struct_fields
     from deepseek_v4_kernel._ext import SparseDecodeParams
-    src = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "sparse_decode", "params.h")).read()
+    src = header("sparse_decode")
     assert int(re.search(r"#define DSV4_SPARSE_DECODE_MAX_SPLITS (\d+)", src).group(1)) == sd.MAX_SPLITS
-    body = src[src.index("typedef struct SparseDecodeParams"):src.index("} SparseDecodeParams;")]
-    fields = re.findall(r"^\s+(?:const )?\w+\*? ?\*?(\w+);", body, re.M)
-    assert fields == [f[0] for f in SparseDecodeParams._fields_]
+    assert struct_fields(src, "SparseDecodeParams") == [f[0] for f in SparseDecodeParams._fields_]
 
 
 def test_impl_codes_match_the_c_side():
