@@ -5,10 +5,12 @@
 #include <string.h>
 #include "sparse_decode/params.h"
 #include "fp4_moe/params.h"
+#include "hc_prenorm/params.h"
 
 namespace dsv4 {
 cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream);
 cudaError_t launch_fp4_moe_decode(const Fp4MoeDecodeParams& p, cudaStream_t stream);
+cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream);
 }
 
 #ifndef DSV4_BUILD_ARCHS
@@ -94,6 +96,33 @@ int dsv4_fp4_moe_decode(const Fp4MoeDecodeParams* p, void* stream) {
   }
   cudaError_t e = dsv4::launch_fp4_moe_decode(*p, (cudaStream_t)stream);
   if (e != cudaSuccess) return set_error("fp4_moe_decode", e, "kernel launch failed");
+  return 0;
+}
+
+int dsv4_hc_prenorm_params_size(void) { return (int)sizeof(HcPrenormParams); }
+
+int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
+  g_last_error[0] = 0;
+  if (p == nullptr) {
+    snprintf(g_last_error, sizeof(g_last_error), "hc_prenorm: null params");
+    return (int)cudaErrorInvalidValue;
+  }
+  const long long m_tiles = (long long)((p->m + 63) / 64);
+  if (p->m < 1 || m_tiles > 2147483647LL || p->n < 1 || p->n > DSV4_HC_PRENORM_MAX_N || p->K < 8 || p->K % 8 ||
+      p->num_splits < 1 || p->sub_splits < 1 || p->sub_splits > DSV4_HC_PRENORM_MAX_SUB ||
+      p->num_splits * p->sub_splits > 65535 || p->x_stride % 8 || p->fn_stride % 4 ||
+      ((uintptr_t)p->x | (uintptr_t)p->fn) % 16 ||
+      (p->sub_splits > 1 && (p->ws == nullptr || p->counters == nullptr))) {
+    snprintf(g_last_error, sizeof(g_last_error),
+             "hc_prenorm: bad sizes m=%lld n=%lld K=%lld splits=%lld sub_splits=%lld (expected m >= 1, 1 <= n <= %d, "
+             "K a positive multiple of 8, 1 <= sub_splits <= %d, splits * sub_splits <= 65535, 16-byte aligned x / fn "
+             "rows, a workspace and counters when sub_splits > 1)",
+             (long long)p->m, (long long)p->n, (long long)p->K, (long long)p->num_splits, (long long)p->sub_splits,
+             DSV4_HC_PRENORM_MAX_N, DSV4_HC_PRENORM_MAX_SUB);
+    return (int)cudaErrorInvalidValue;
+  }
+  cudaError_t e = dsv4::launch_hc_prenorm(*p, (cudaStream_t)stream);
+  if (e != cudaSuccess) return set_error("hc_prenorm", e, "kernel launch failed");
   return 0;
 }
 

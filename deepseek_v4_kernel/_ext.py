@@ -59,6 +59,18 @@ class Fp4MoeDecodeParams(ctypes.Structure):
     ]
 
 
+class HcPrenormParams(ctypes.Structure):
+    """Mirror of csrc/hc_prenorm/params.h (every field 8 bytes; keep the order in sync)."""
+
+    _fields_ = [
+        ("x", _P), ("x_stride", _I), ("fn", _P), ("fn_stride", _I),
+        ("out", _P), ("out_stride_s", _I), ("out_stride_m", _I), ("out_stride_n", _I),
+        ("sqrsum", _P), ("sq_stride_s", _I), ("sq_stride_m", _I),
+        ("ws", _P), ("counters", _P),
+        ("m", _I), ("n", _I), ("K", _I), ("num_splits", _I), ("sub_splits", _I),
+    ]
+
+
 def _bind(lib, path, op, params):
     """Types of the C entry ``dsv4_<op>(const Params*, stream)``; checks that the library's parameter
     block (``dsv4_<op>_params_size``) has the size of the ctypes mirror."""
@@ -95,6 +107,8 @@ def load():
         # fp4_moe decode kernels (absent from libraries built before they existed: has_fp4_moe_decode())
         if hasattr(lib, "dsv4_fp4_moe_decode"):
             _bind(lib, path, "fp4_moe_decode", Fp4MoeDecodeParams)
+        if hasattr(lib, "dsv4_hc_prenorm"):   # likewise: has_hc_prenorm()
+            _bind(lib, path, "hc_prenorm", HcPrenormParams)
         _LIB = lib
         return lib
 
@@ -103,6 +117,14 @@ def has_fp4_moe_decode() -> bool:
     """The library loads and carries the fp4_moe decode kernels."""
     try:
         return hasattr(load(), "dsv4_fp4_moe_decode")
+    except ExtensionUnavailable:
+        return False
+
+
+def has_hc_prenorm() -> bool:
+    """The library loads and carries the hc_prenorm GEMM kernel."""
+    try:
+        return hasattr(load(), "dsv4_hc_prenorm")
     except ExtensionUnavailable:
         return False
 

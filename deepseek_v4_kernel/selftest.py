@@ -76,21 +76,27 @@ def check_indexer_logits(device: str = "cuda") -> str:
 
 
 def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
+    """A decode-sized call with the caller's splits (the Triton kernel) and a prefill-sized one without
+    (the compiled kernel where Triton builds mma.sync, e.g. SM120; "auto" picks)."""
     import torch
 
-    from .ops.hc_prenorm import hc_prenorm_gemm
+    from .ops import hc_prenorm as hp
     from .reference.hc_prenorm import hc_prenorm_gemm_ref
 
-    m, n, S = 37, 24, 4
-    x = torch.randn(m, K).to(torch.bfloat16).to(device)
-    fn = (torch.randn(n, K) * K ** -0.5).to(device)
-    out = torch.full((S, m, n), float("nan"), device=device)
-    sq = torch.full((S, m), float("nan"), device=device)
-    hc_prenorm_gemm(x, fn, out, sq, S)
-    ref_out, ref_sq = hc_prenorm_gemm_ref(x, fn, S)
-    e, es = _rel(out, ref_out), _rel(sq, ref_sq)
-    assert e < 2e-3 and es < 1e-5, f"out rel err {e:.2e} (bound 2e-3, tf32 class), sqrsum {es:.2e} (bound 1e-5)"
-    return f"m={m} K={K} splits={S}: out rel err {e:.1e}, sqrsum {es:.1e}"
+    parts = []
+    for m, S in ((37, 4), (300, None)):
+        n = 24
+        x = torch.randn(m, K).to(torch.bfloat16).to(device)
+        fn = (torch.randn(n, K) * K ** -0.5).to(device)
+        out = torch.full((m, n) if S is None else (S, m, n), float("nan"), device=device)
+        sq = torch.full((m,) if S is None else (S, m), float("nan"), device=device)
+        hp.hc_prenorm_gemm(x, fn, out, sq, S)
+        ref_out, ref_sq = hc_prenorm_gemm_ref(x, fn, S)
+        e, es = _rel(out, ref_out), _rel(sq, ref_sq)
+        assert e < 2e-3 and es < 1e-5, (f"m={m}: out rel err {e:.2e} (bound 2e-3, tf32 class), sqrsum {es:.2e} "
+                                        f"(bound 1e-5)")
+        parts.append(f"m={m} splits={S} ({hp.last_launch[0]}): out rel err {e:.1e}, sqrsum {es:.1e}")
+    return f"K={K}: " + "; ".join(parts)
 
 
 def check_fp4_moe(device: str = "cuda", hidden: int = 4096, inter: int = 2048, experts: int = 16) -> str:

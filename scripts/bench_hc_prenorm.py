@@ -102,29 +102,34 @@ def make_sets(m, S, footprint=192 << 20, cap=48):
     return sets, per
 
 
-def bench_m(m, bw, n_sms, reps, cfg=None):
+def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
     res = {"m": m}
-    # --- ours, num_splits None (hc_pre path) and SGLang's mhc_pre split count
-    for label, S_arg in (("ours", None), ("ours_mhc_splits", sglang_num_splits(m, n_sms))):
-        if cfg is not None and S_arg is not None:  # sweeps time the hc_pre call only
-            continue
-        S = S_arg or 1
-        sets, per = make_sets(m, S)
-        if S_arg is None:
-            calls = [lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2][0], s[3][0], None, _config=cfg)
-                     for s in sets]
-        else:
-            calls = [lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2], s[3], S_arg, _config=cfg)
-                     for s in sets]
-        t = time_graph(calls, reps)
-        res[label + "_us"] = t
-        res[label + "_splits"] = S
-        res[label + "_floor_pct"] = 100 * (per / bw * 1e6) / t
-        if S_arg is None:
-            res["bytes"] = per
-            res["floor_us"] = per / bw * 1e6
-            res["config"] = hp.choose_config(m, K, 1, n_sms, cfg, hp.mma_kind(torch.device("cuda", 0)))
-        del sets
+    # --- ours, num_splits None (hc_pre path) and SGLang's mhc_pre split count; per impl ("auto" is
+    #     what a user gets: key "ours_us"; "triton" / "cuda" force one kernel: "ours_triton_us" ...)
+    for impl in impls:
+        sfx = "" if impl == "auto" else "_" + impl
+        for label, S_arg in (("ours", None), ("ours_mhc_splits", sglang_num_splits(m, n_sms))):
+            if cfg is not None and S_arg is not None:  # sweeps time the hc_pre call only
+                continue
+            S = S_arg or 1
+            sets, per = make_sets(m, S)
+            if S_arg is None:
+                calls = [lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2][0], s[3][0], None, impl=impl,
+                                                        _config=cfg) for s in sets]
+            else:
+                calls = [lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2], s[3], S_arg, impl=impl,
+                                                        _config=cfg) for s in sets]
+            t = time_graph(calls, reps)
+            res[label + sfx + "_us"] = t
+            res[label + sfx + "_launch"] = str(hp.last_launch[0]) + (
+                f" P={hp.last_launch[1]}" if hp.last_launch[0] == "cuda" else "")
+            res[label + "_splits"] = S
+            res[label + sfx + "_floor_pct"] = 100 * (per / bw * 1e6) / t
+            if S_arg is None:
+                res["bytes"] = per
+                res["floor_us"] = per / bw * 1e6
+                res["config"] = hp.choose_config(m, K, 1, n_sms, cfg, hp.mma_kind(torch.device("cuda", 0)))
+            del sets
     if cfg is not None:
         return res
     sets, _ = make_sets(m, 1)
@@ -162,6 +167,38 @@ def bench_m(m, bw, n_sms, reps, cfg=None):
     res["speedup_hc_pre"] = res["sgl_hc_pre_us"] / res["ours_hc_pre_us"]
     del sets
     return res
+
+
+def cuda_sweep(ms, bw, n_sms, reps):
+    """The compiled kernel at every sub-split count P (1, 2, 4, ... <= its limits) for num_splits None
+    and SGLang's mhc_pre split count, each call checked against float64 first (cuda_sub_splits' data)."""
+    out = []
+    for m in ms:
+        for S_arg in (None, sglang_num_splits(m, n_sms)):
+            S = S_arg or 1
+            nb_min = (K + 63) // 64 // S
+            sets, per = make_sets(m, S)
+            for P in [p for p in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if p <= min(nb_min, hp._CUDA_MAX_SUB)]:
+                x, fn, o, q = sets[0]
+                o2 = o[0] if S_arg is None else o
+                q2 = q[0] if S_arg is None else q
+                o2.fill_(float("nan"))
+                q2.fill_(float("nan"))
+                hp.hc_prenorm_gemm(x, fn, o2, q2, S_arg, impl="cuda", _config={"p": P})
+                ro = o.sum(0).double() if S_arg is not None else o2.double()
+                ref = x.double() @ fn.double().T
+                err = float(((ro - ref).abs() / (x.double().abs() @ fn.double().abs().T)).max())
+                calls = [lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2][0] if S_arg is None else s[2],
+                                                        s[3][0] if S_arg is None else s[3], S_arg,
+                                                        impl="cuda", _config={"p": P}) for s in sets]
+                t = time_graph(calls, reps)
+                rec = dict(m=m, S=S, P=P, us=t, floor_pct=100 * (per / bw * 1e6) / t, rel_err=err,
+                           picked=P == hp.cuda_sub_splits(m, K, S, n_sms))
+                out.append(rec)
+                print(f"  cuda m={m:5d} S={S:3d} P={P:3d}: {t:8.2f} us {rec['floor_pct']:5.1f} % floor, "
+                      f"max err / A {err:.2e}{'  <- cuda_sub_splits' if rec['picked'] else ''}", flush=True)
+            del sets
+    return out
 
 
 def _np2(v):
@@ -333,6 +370,11 @@ def main():
     ap.add_argument("--ab", default="", metavar="FIELD",
                     help="A/B only: per m of --ms, the table's config with FIELD off and on "
                          "(e.g. sq2d, presplit), alternating, 2 rounds, each checked first")
+    ap.add_argument("--impls", default="auto,triton,cuda",
+                    help="kernels timed per row: auto (what users get), triton, cuda (forced)")
+    ap.add_argument("--cuda-sweep", default="", metavar="MS",
+                    help="for these m (comma-separated): the compiled kernel at every sub-split count P "
+                         "(cuda_sub_splits data)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     out_path = os.path.join(args.out, "bench_hc_prenorm.json")
@@ -367,6 +409,9 @@ def main():
         return
     if args.diag:
         result["diag"] = diagnostics(bw, n_sms, args.reps)
+    if args.cuda_sweep:
+        result["cuda_sweep"] = cuda_sweep([int(v) for v in args.cuda_sweep.split(",")], bw, n_sms,
+                                          max(5, args.reps // 3))
     if args.sweep:
         sweep([int(v) for v in args.sweep_ms.split(",")], bw, n_sms, max(5, args.reps // 3),
               out_path, result, args.sweep_presplit)
@@ -379,13 +424,22 @@ def main():
     rows = []
     legacy = {r["m"]: r.get("us") for r in result.get("sweep", []) if r["label"] == "legacy"}
     for m in ms:
-        r = bench_m(m, bw, n_sms, args.reps)
+        r = bench_m(m, bw, n_sms, args.reps, impls=("auto",) + tuple(i for i in args.impls.split(",") if i != "auto"))
         r["legacy_us"] = legacy.get(m)
         rows.append(r)
         print(json.dumps(r), flush=True)
         result["rows"] = rows
         with open(out_path, "w") as f:
             json.dump(result, f, indent=1)
+    impls = [i for i in args.impls.split(",") if i != "auto"]
+    if impls:
+        print(f"{'m':>6} " + " ".join(f"{i + ' us':>10} {'%floor':>6} {i + '(S) us':>11} {'%floor':>6}"
+                                       for i in impls))
+        for r in rows:
+            print(f"{r['m']:>6} " + " ".join(
+                f"{r['ours_' + i + '_us']:10.2f} {r['ours_' + i + '_floor_pct']:6.0f} "
+                f"{r['ours_mhc_splits_' + i + '_us']:11.2f} {r['ours_mhc_splits_' + i + '_floor_pct']:6.0f}"
+                for i in impls))
     hdr = (f"{'m':>6} {'ours us':>8} {'%floor':>6} {'legacy':>7} {'mhcS':>4} {'ours(S) us':>10} "
            f"{'torch32':>8} {'torchtf32':>9} {'x fp32':>7} {'x tf32':>7} {'sgl_pre':>8} "
            f"{'ours_pre':>8} {'x pre':>6}")

@@ -8,6 +8,7 @@
 # once more with DISABLE_MMA_V3=1 ($OUT/mma_sync): on an H100 that swaps wgmma for
 # mma.sync, the instruction class SM120 has (the "mma" tile table is tuned there).
 # SWEEP / TABLE apply to the MMA_SYNC pass when it runs, else to the native one.
+# BENCH_ARGS: more bench_hc_prenorm.py arguments for both passes (e.g. "--ms 128,512 --cuda-sweep").
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(pwd)/build/hc_prenorm_out}
@@ -22,10 +23,10 @@ bench() {  # $1: out dir, rest: extra args
     local d=$1; shift
     mkdir -p "$d"
     timeout ${BENCH_TIMEOUT:-200} python scripts/bench_hc_prenorm.py --out "$d" --reps ${REPS:-30} \
-        ${DIAG:+--diag} "$@" > "$d/bench.log" 2>&1
+        ${DIAG:+--diag} ${BENCH_ARGS:-} "$@" > "$d/bench.log" 2>&1
     echo "bench $d rc=$?"
     rm -f "$d"/*.png
-    grep -v "^  sweep" "$d/bench.log" | grep -v '^{"m"' | tail -12
+    grep -v "^  sweep" "$d/bench.log" | grep -v '^{"m"' | tail -30
 }
 SW="${SWEEP:+--sweep} ${TABLE:+--table-from-sweep} ${SWEEP_MS:+--sweep-ms $SWEEP_MS}"
 if [ -n "${MMA_SYNC:-}" ]; then

@@ -1,4 +1,4 @@
-"""CPU-only: compile the extension's CUDA sources (sparse decode, fp4_moe decode) for sm_120a with
+"""CPU-only: compile the extension's CUDA sources (sparse decode, fp4_moe decode, hc_prenorm) for sm_120a with
 nvcc --resource-usage and check shared memory (<= 101376 B per block on SM120), no register spills,
 and report registers."""
 import os
@@ -17,16 +17,23 @@ def _nvcc():
     return n if os.path.exists(n) or shutil.which(n) else None
 
 
-def _kernel_smem_constant():
-    """kSmemBytes from kernel.cuh, evaluated from its named constants (dynamic smem per block)."""
+def _named_constants(*files):
+    """The `constexpr int` constants of csrc/ headers, evaluated in order (sizes in bytes / elements)."""
     env = {}
-    for f in ("kernel.cuh", "kernel_mma.cuh", "kernel_mma64.cuh"):
-        src = open(os.path.join(ROOT, "csrc/sparse_decode", f)).read()
+    for f in files:
+        src = open(os.path.join(ROOT, "csrc", f)).read()
         for name, expr in re.findall(r"constexpr int (\w+) = ([^;]+);", src):
             try:
                 env[name] = eval(expr.split("//")[0], {}, dict(env))
-            except (NameError, SyntaxError):  # a constant of a kernel template (uses its parameter): not a size
+            except (NameError, SyntaxError):  # uses a template parameter or a macro: not a size we need
                 pass
+    return env
+
+
+def _kernel_smem_constant():
+    """kSmemBytes from kernel.cuh, evaluated from its named constants (dynamic smem per block)."""
+    env = _named_constants("sparse_decode/kernel.cuh", "sparse_decode/kernel_mma.cuh",
+                           "sparse_decode/kernel_mma64.cuh")
     return {"sparse_decode_kernel": env["kSmemBytes"], "sparse_decode_mma_kernel": env["kMmaSmemBytes"],
             "sparse_decode_mma64_kernel": env["kM64SmemBytes"]}
 
@@ -81,6 +88,18 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
     for name, (regs, static_smem) in seen.items():
         assert 0 < static_smem <= SMEM_LIMIT, (name, static_smem)
         assert regs <= 170, (name, regs)
+
+
+def test_hc_prenorm_resources_sm120a(tmp_path):
+    """The compiled hc_prenorm GEMM: one 256-thread block per SM (<= 255 registers), static shared memory
+    only (the warp partials' hand-over, kSmemBytes from the named constants, + the last-block flag) within
+    the SM120 limit, no spills (checked in _compile_sm120a)."""
+    seen = _compile_sm120a(tmp_path, "hc_prenorm/hc_prenorm.cu")
+    want = _named_constants("hc_prenorm/kernel.cuh")["kSmemBytes"]
+    print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()}, "kSmemBytes", want)
+    assert len(seen) == 1 and "hc_prenorm_kernel" in next(iter(seen))
+    regs, static_smem = next(iter(seen.values()))
+    assert want <= static_smem <= want + 16 and static_smem <= SMEM_LIMIT and regs <= 255, (regs, static_smem)
 
 
 def test_fp4_moe_e2m1_decode_on_host(tmp_path):

@@ -212,17 +212,95 @@ def test_errors_name_the_argument(device, what, arg):
 
 # ------------------------------------------------------------------- GPU only
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["auto", "triton", "cuda"])
 @pytest.mark.parametrize("num_splits", SPLITS)
 @pytest.mark.parametrize("m", [0, 1, 7, 128, 4096])
-def test_gpu_full_k(m, num_splits):
+def test_gpu_full_k(monkeypatch, m, num_splits, impl):
+    """DeepGEMM's entry point with each kernel (DSV4_HC_PRENORM_IMPL; auto: Triton below CUDA_MIN_M rows,
+    the compiled kernel from there on)."""
+    monkeypatch.setenv("DSV4_HC_PRENORM_IMPL", impl)
     K = 16384
     x, fn = _inputs(m, K, device="cuda", seed=m + 1)
     S = num_splits or 1
     out, sq = _poisoned(m, 24, S, "cuda", flat=num_splits is None)
+    hp.last_launch = None
     hp.tf32_hc_prenorm_gemm(x, fn, out, sq, num_splits=num_splits)
     torch.cuda.synchronize()
     if m:
         _check(x, fn, out, sq, num_splits)
+        want = impl if impl != "auto" else (
+            "cuda" if hp.auto_prefers_cuda(m, num_splits or 1, hp.mma_kind(x.device)) else "triton")
+        assert hp.last_launch[0] == want, hp.last_launch
+
+
+# the compiled kernel (csrc/hc_prenorm): odd m (partial 64-row tiles), n < 24, splits that are empty or
+# uneven, forced sub-split counts (the last-block reduction, up to its 64-partial limit), K not a
+# multiple of 64 (a short last block, a partial last 32-chunk)
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, K, n, num_splits, p", [
+    (1, 16384, 24, None, None), (7, 16384, 24, 16, None), (65, 16384, 24, None, None),
+    (130, 16384, 24, 3, None), (512, 16384, 24, None, None), (512, 16384, 24, 16, None),
+    (512, 16384, 24, None, 1), (512, 16384, 24, None, 7), (100, 16384, 24, 2, 64),
+    (4097, 16384, 24, None, None), (2048, 16384, 24, 4, None), (300, 1000, 24, 3, 5),
+    (70, 200, 13, 2, 2), (64, 128, 24, 4, 3), (33, 16384, 1, 64, None), (129, 16384, 17, 1, 8),
+])
+def test_gpu_cuda_kernel(m, K, n, num_splits, p):
+    x, fn = _inputs(m, K, n=n, device="cuda", seed=m + K + n)
+    S = num_splits or 1
+    for _ in range(2):  # the counters must have been reset by the kernel
+        out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
+        hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config={"p": p} if p else None)
+        torch.cuda.synchronize()
+        assert hp.last_launch[0] == "cuda"
+        _check(x, fn, out, sq, num_splits)
+    assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values())
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_kernel_strided_out_and_empty_splits():
+    x, fn = _inputs(150, 256, n=24, device="cuda", seed=5)
+    big = torch.full((4, 150, 32), float("nan"), device="cuda")
+    out = big[:, :, 3:27]                       # row stride 32, offset 3
+    sqb = torch.full((150, 4), float("nan"), device="cuda")
+    sq = sqb.T                                  # [4, 150], strides (1, 4)
+    hp.hc_prenorm_gemm(x, fn, out, sq, 4, impl="cuda")  # 4 64-blocks over 4 splits
+    torch.cuda.synchronize()
+    _check(x, fn, out, sq, 4)
+    assert torch.isnan(big[:, :, :3]).all() and torch.isnan(big[:, :, 27:]).all(), "wrote outside out"
+    x, fn = _inputs(150, 128, device="cuda", seed=6)   # 2 blocks over 4 splits: 2, 3 empty -> 0
+    out, sq = _poisoned(150, 24, 4, "cuda")
+    hp.hc_prenorm_gemm(x, fn, out, sq, 4, impl="cuda")
+    torch.cuda.synchronize()
+    assert (out[2:] == 0).all() and (sq[2:] == 0).all()
+    _check(x, fn, out, sq, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["n25", "k_not_8", "x_misaligned", "fn_strided", "tf32"])
+def test_gpu_cuda_unsupported_names_why_and_auto_falls_back(monkeypatch, case):
+    m, K, n = 256, 1024, 24
+    x, fn = _inputs(m, K + 8, n=n, device="cuda", seed=2)
+    x, fn = x[:, :K], fn[:, :K]     # rows of K + 8: still 16-byte aligned
+    why = {"n25": "fn has 25 rows", "k_not_8": "not a multiple of 8", "x_misaligned": "x rows",
+           "fn_strided": "fn rows", "tf32": "tf32"}[case]
+    if case == "n25":
+        fn = torch.randn(25, K, device="cuda") * 0.05
+        n = 25
+    elif case == "k_not_8":
+        x, fn = _inputs(m, K - 4, device="cuda", seed=3)
+    elif case == "x_misaligned":
+        x = _inputs(m, K + 1, device="cuda", seed=4)[0][:, 1:]
+    elif case == "fn_strided":
+        fn = (torch.randn(2 * K, n, device="cuda") * 0.05).T[:, ::2]
+    else:
+        monkeypatch.setenv("DSV4_HC_PRENORM_PRECISION", "tf32")
+    out, sq = _poisoned(m, n, 2, "cuda")
+    with pytest.raises(UnsupportedCase, match=f"impl 'cuda' cannot take this call: .*{why}"):
+        hp.hc_prenorm_gemm(x, fn, out, sq, 2, impl="cuda")
+    hp.hc_prenorm_gemm(x, fn, out, sq, 2)  # auto: the Triton kernel takes it
+    torch.cuda.synchronize()
+    assert hp.last_launch[0] == "triton"
+    _check(x, fn, out, sq, 2)
 
 
 @pytest.mark.gpu
@@ -290,6 +368,8 @@ def test_gpu_legacy_config(m):
     (64, {**_MMA, "block_m": 64, "p": 128, "r": 32, "num_stages": 2}),
     (64, hp.legacy_config(64, 16384, 1, 132)),
     (512, {**_MMA, "block_m": 64, "p": 32, "r": 16, "num_stages": 4, "presplit": True}),
+    (512, "cuda"),                                                      # compiled kernel, P > 1
+    (8192, "cuda"),                                                     # compiled kernel, P = 1
 ])
 def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
     K = 16384
@@ -298,7 +378,10 @@ def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
     sq = torch.empty(m, device="cuda")
 
     def call():
-        hp.hc_prenorm_gemm(x, fn, out, sq, None, _config=cfg)
+        if cfg == "cuda":
+            hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda")
+        else:
+            hp.hc_prenorm_gemm(x, fn, out, sq, None, _config=cfg)
 
     call()  # eager first: allocates the counters
     first = out.clone(), sq.clone()
@@ -440,6 +523,62 @@ def test_tile_table_resolves_within_limits(S):
             assert c["rb"] * c["r"] == min(c["block_m"], 1 << (m - 1).bit_length()), (m, c)
             assert c["p"] == 1 or 2 * groups <= hp._COUNTER_CAP
             assert c["fma"] or c["block_m"] >= 16
+
+
+def test_cuda_params_mirror_and_constants_match_the_headers():
+    """The ctypes mirror field by field against csrc/hc_prenorm/params.h, and the sizes the Python side
+    relies on (rows per block, max n, max sub-splits, partial size) against the header and kernel.cuh."""
+    import re
+
+    from c_headers import ROOT, header, struct_fields
+    from deepseek_v4_kernel._ext import HcPrenormParams
+
+    src = header("hc_prenorm")
+    assert struct_fields(src, "HcPrenormParams") == [f[0] for f in HcPrenormParams._fields_]
+    assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_N (\d+)", src).group(1)) == hp._CUDA_MAX_N
+    assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_SUB (\d+)", src).group(1)) == hp._CUDA_MAX_SUB
+    kern = open(os.path.join(ROOT, "csrc", "hc_prenorm", "kernel.cuh")).read()
+    assert int(re.search(r"constexpr int kRows = (\d+);", kern).group(1)) == hp._CUDA_ROWS
+    assert re.search(r"constexpr int kOut = kRows \* kN \+ kRows;", kern)
+    assert hp._CUDA_OUT == hp._CUDA_ROWS * hp._CUDA_MAX_N + hp._CUDA_ROWS
+
+
+def test_cuda_sub_splits_fill_the_gpu_within_limits():
+    """One wave of blocks (the compiled kernel holds one per SM), P within the smallest split's
+    64-blocks and the kernel's limit, P = 1 once the caller's grid fills 3/4 of the SMs."""
+    for sms in (132, 170, 188):
+        for S in (1, 2, 3, 16, 23, 64):
+            for m in (1, 64, 65, 128, 512, 1000, 2048, 4096, 8192, 16384, 65536):
+                P = hp.cuda_sub_splits(m, 16384, S, sms)
+                groups = -(-m // 64) * S
+                assert 1 <= P <= min(hp._CUDA_MAX_SUB, max(1, 256 // S)), (sms, S, m, P)
+                if 4 * groups >= 3 * sms:
+                    assert P == 1, (sms, S, m, P)
+                else:
+                    assert groups * P <= sms, (sms, S, m, P)
+                    assert groups * (P + 1) > sms or P == min(hp._CUDA_AUTO_SUB, 256 // S), (sms, S, m, P)
+    assert hp.cuda_sub_splits(512, 64, 1, 132) == 1       # one block of 64: no room for sub-slices
+    assert hp.cuda_sub_splits(512, 128, 1, 132) == 2      # two: at most two sub-slices
+
+
+def test_auto_prefers_cuda_only_where_triton_builds_mma_sync():
+    assert hp.auto_prefers_cuda(hp.CUDA_MIN_M, 1, "mma") and not hp.auto_prefers_cuda(hp.CUDA_MIN_M - 1, 1, "mma")
+    assert hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT, 2, "mma")
+    assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT - 1, 64, "mma")
+    assert not any(hp.auto_prefers_cuda(m, S, "wgmma") for m in (1, 512, 65536) for S in (1, 16))
+
+
+def test_pick_impl_without_a_gpu(monkeypatch):
+    x, fn = _inputs(256, 128)
+    monkeypatch.delenv("DSV4_HC_PRENORM_IMPL", raising=False)
+    assert hp.pick_impl(x, fn, 1) == "triton"  # auto: the compiled kernel needs a CUDA device
+    with pytest.raises(UnsupportedCase, match="impl 'cuda' cannot take this call: needs a CUDA device"):
+        hp.pick_impl(x, fn, 1, "cuda")
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: impl must be one of"):
+        hp.pick_impl(x, fn, 1, "tilelang")
+    monkeypatch.setenv("DSV4_HC_PRENORM_IMPL", "cudaa")
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: impl must be one of"):
+        hp.pick_impl(x, fn, 1)
 
 
 def test_workspace_is_reused_and_outgrown_buffers_stay_alive():

@@ -3,6 +3,9 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <atomic>
 
 namespace dsv4 {
 
@@ -52,6 +55,32 @@ static inline cudaError_t launch_kernel(void (*kernel)(Params), dim3 grid, int t
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+// Host: whether this op launches with PDL on the current device: compute capability >= 9 and the op's
+// switch-off variable (e.g. DSV4_FP4_MOE_PDL=0) not set. Asked once per device and op (a bit per device
+// index), so the launch path makes no device query after the first call (graph-capture safe).
+struct PdlSwitch {
+  const char* env;
+  std::atomic<unsigned long long> checked{0};
+  std::atomic<unsigned long long> ok{0};
+  explicit PdlSwitch(const char* e) : env(e) {}
+};
+static inline cudaError_t pdl_enabled(PdlSwitch& sw, bool* pdl) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const unsigned long long bit = 1ull << (dev & 63);
+  if (!(sw.checked.load(std::memory_order_acquire) & bit)) {
+    int major = 0;
+    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess) return e;
+    const char* v = getenv(sw.env);
+    if (major >= 9 && !(v != nullptr && strcmp(v, "0") == 0)) sw.ok.fetch_or(bit, std::memory_order_release);
+    sw.checked.fetch_or(bit, std::memory_order_release);
+  }
+  *pdl = (sw.ok.load(std::memory_order_acquire) & bit) != 0;
+  return cudaSuccess;
 }
 
 }  // namespace dsv4

@@ -43,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import sm_count
+from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
+from deepseek_v4_kernel.ops._device import extension_error, sm_count
 
 OP = "hc_prenorm"
 _KBLOCK = 64  # DeepGEMM's split granularity (BLOCK_K of its sm90/sm100 kernels)
@@ -514,15 +514,137 @@ def _check(x, fn, out, sqrsum, num_splits):
     return m, K, n, S
 
 
-def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
+# --------------------------------------------------------------------------- compiled path
+# csrc/hc_prenorm: fn as the MMA's A operand ([hi | lo] rows: three m16 tiles at n = 24), x as the B
+# operand straight from global memory, 64 x rows x one K sub-slice per block, one block per SM.
+IMPLS = ("auto", "triton", "cuda")
+# auto, where Triton builds mma.sync (SM120; sm_90 under DISABLE_MMA_V3): the compiled kernel from
+# CUDA_MIN_M rows, or from CUDA_MIN_M_SPLIT when the caller splits K itself (num_splits >= 2: no hand-off
+# between blocks); below that the Triton tables (H100 run 9, docs/hc_prenorm.md). Where Triton builds
+# wgmma (sm_90) its kernel stays the default: faster than the compiled one at m >= 4096 there.
+CUDA_MIN_M = 256
+CUDA_MIN_M_SPLIT = 64
+_CUDA_AUTO_SUB = 32   # most sub-slices auto picks (H100 run 9 sweep: the last block's sum of P partials
+                      # costs more than the extra blocks gain beyond ~32)
+_CUDA_ROWS = 64       # x rows per block (hcp::kRows)
+_CUDA_MAX_N = 24      # DSV4_HC_PRENORM_MAX_N
+_CUDA_MAX_SUB = 64    # DSV4_HC_PRENORM_MAX_SUB
+_CUDA_OUT = _CUDA_ROWS * _CUDA_MAX_N + _CUDA_ROWS   # floats of one block partial (hcp::kOut)
+
+
+def cuda_unsupported(x, fn, S: int):
+    """Why the compiled kernel cannot take this call (None when it can); the Triton kernel takes every
+    case this names."""
+    if _interpret() or x.device.type != "cuda":
+        return "needs a CUDA device"
+    if not _precision():
+        return "DSV4_HC_PRENORM_PRECISION=tf32 (the compiled kernel computes bf16x2)"
+    K = x.shape[1]
+    if fn.shape[0] > _CUDA_MAX_N:
+        return f"fn has {fn.shape[0]} rows (at most {_CUDA_MAX_N})"
+    if K % 8:
+        return f"K = {K} is not a multiple of 8"
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        return f"x rows must be 16-byte aligned with unit stride along K (strides {tuple(x.stride())})"
+    if fn.stride(1) != 1 or fn.stride(0) % 4 or fn.data_ptr() % 16:
+        return f"fn rows must be 16-byte aligned with unit stride along K (strides {tuple(fn.stride())})"
+    if S > 65535:
+        return f"num_splits = {S} > 65535"
+    from deepseek_v4_kernel._ext import has_hc_prenorm
+    if not has_hc_prenorm():
+        return "the CUDA extension (_C.so with the hc_prenorm kernel) does not load"
+    return extension_error(x.device)
+
+
+def cuda_sub_splits(m: int, K: int, S: int, num_sms: int) -> int:
+    """P, the K sub-slices per caller split of the compiled kernel: as many blocks as fit one wave (it
+    holds one block per SM; H100 sweep, run 9: a second partial wave costs as much as the first).
+    P = 1 once the caller's grid (m tiles x S) fills three quarters of the SMs."""
+    groups = triton.cdiv(m, _CUDA_ROWS) * S
+    nb_min = triton.cdiv(K, _KBLOCK) // S  # 64-blocks of the smallest split
+    if 4 * groups >= 3 * num_sms or nb_min < 2 or groups > _COUNTER_CAP:
+        return 1
+    return max(1, min(_CUDA_AUTO_SUB, num_sms // groups, nb_min))
+
+
+def auto_prefers_cuda(m: int, S: int, kind: str) -> bool:
+    """Whether "auto" takes the compiled kernel for m rows and the caller's S splits, with Triton's
+    instruction class ``kind`` (mma_kind)."""
+    return kind == "mma" and (m >= CUDA_MIN_M or (m >= CUDA_MIN_M_SPLIT and S >= 2))
+
+
+def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
+    """"cuda" or "triton" for this call. ``impl`` (or env DSV4_HC_PRENORM_IMPL): "auto" (default) takes
+    the compiled kernel where auto_prefers_cuda says so and it applies; "cuda" requires it
+    (UnsupportedCase naming why not); "triton" never uses it. ``_config`` (Triton tile overrides) implies
+    "triton" under "auto"."""
+    impl = impl or os.environ.get("DSV4_HC_PRENORM_IMPL") or "auto"
+    if impl not in IMPLS:
+        raise _fail("impl", f"one of {IMPLS}", repr(impl))
+    if impl == "triton" or (impl == "auto" and (_config is not None or not auto_prefers_cuda(
+            x.shape[0], S, mma_kind(x.device)))):
+        return "triton"
+    try:
+        why = cuda_unsupported(x, fn, S)
+    except ExtensionUnavailable as e:
+        why = str(e)
+    if why is None:
+        return "cuda"
+    if impl == "cuda":
+        raise UnsupportedCase(f"{OP}: impl 'cuda' cannot take this call: {why}")
+    return "triton"
+
+
+def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P):
+    """One launch of csrc/hc_prenorm on the current stream (no host sync; the workspace and counters are
+    the persistent per-stream buffers of the Triton path, sized by shapes only)."""
+    from deepseek_v4_kernel._ext import HcPrenormParams, load
+
+    dev = x.device
+    cnt = None
+    if P > 1:
+        cnt = _counters(dev)
+        if cnt is None:  # capturing a graph before any eager call on this stream
+            P = 1
+    p = HcPrenormParams()
+    if P > 1:
+        p.ws = _workspace(dev, S * triton.cdiv(m, _CUDA_ROWS) * P * _CUDA_OUT).data_ptr()
+        p.counters = cnt.data_ptr()
+    p.x, p.x_stride = x.data_ptr(), x.stride(0)
+    p.fn, p.fn_stride = fn.data_ptr(), fn.stride(0)
+    p.out, (p.out_stride_s, p.out_stride_m, p.out_stride_n) = out3.data_ptr(), out3.stride()
+    p.sqrsum, (p.sq_stride_s, p.sq_stride_m) = sq2.data_ptr(), sq2.stride()
+    p.m, p.n, p.K, p.num_splits, p.sub_splits = m, n, K, S, P
+    lib = load()
+    with torch.cuda.device(dev):
+        rc = lib.dsv4_hc_prenorm(p, torch.cuda.current_stream(dev).cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
+    global last_launch
+    last_launch = ("cuda", P)
+
+
+last_launch = None  # ("cuda", P) or ("triton", cfg) of the latest call (tests, bench)
+
+
+def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=None):
     """In-place split-K pre-norm GEMM + square-sum (see module docstring). Returns None.
 
-    ``_config`` (dict, optional) overrides the tile choice (bench sweeps only)."""
+    ``impl``: "auto" / "triton" / "cuda" (pick_impl). ``_config`` (dict, optional) overrides the Triton
+    tile choice (bench sweeps only); with impl "cuda" only its ``p`` is read (the sub-split count)."""
     m, K, n, S = _check(x, fn, out, sqrsum, num_splits)
     if m == 0:
         return None
-    bf16x2 = _precision()
     dev = x.device
+    if pick_impl(x, fn, S, impl, _config) == "cuda":
+        num_sms = sm_count(dev)
+        P = (_config or {}).get("p") or cuda_sub_splits(m, K, S, num_sms)
+        if not 1 <= P <= _CUDA_MAX_SUB:
+            raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda'", P)
+        _cuda_gemm(x, fn, out if out.dim() == 3 else out.unsqueeze(0),
+                   sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0), m, K, n, S, P)
+        return None
+    bf16x2 = _precision()
     num_sms = sm_count(dev) if dev.type == "cuda" else 8
     cfg = choose_config(m, K, S, num_sms, _config, mma_kind(dev))
     if not cfg["fma"] and cfg["block_m"] < 16:
@@ -562,7 +684,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, _config=None):
         _fn_split_kernel[(triton.cdiv(K, _SPLIT_BLOCK), n)](
             fn, fb, n, K, fn.stride(0), fn.stride(1), BLOCK=_SPLIT_BLOCK, PDL=pdl,
             num_warps=4, launch_pdl=pdl)
-    global last_compiled
+    global last_compiled, last_launch
+    last_launch = ("triton", cfg)
     last_compiled = _hc_prenorm_kernel[grid](
         x, fb, out3, sq2, ws, wss, cnt,
         m, n, K, S, P,
@@ -594,13 +717,14 @@ def sglang_tf32_hc_prenorm_gemm(x, fn, out, sqrsum, num_splits):
 
 
 def compiled_smem(m: int = 1, K: int = 16384, num_splits=None, device="cuda", _config=None) -> int:
-    """Shared memory (bytes) of the kernel variant a call at this shape compiles to."""
+    """Shared memory (bytes) of the Triton kernel variant a call at this shape compiles to (the compiled
+    kernel's is checked from nvcc --resource-usage, tests/test_extension_build.py)."""
     x = torch.randn(m, K, device=device).bfloat16()
     fn = torch.randn(24, K, device=device)
     S = num_splits or 1
     out = torch.empty(S, m, 24, device=device)
     sq = torch.empty(S, m, device=device)
-    hc_prenorm_gemm(x, fn, out, sq, S, _config=_config)
+    hc_prenorm_gemm(x, fn, out, sq, S, impl="triton", _config=_config)
     return int(last_compiled.metadata.shared)
 
 

@@ -1,0 +1,259 @@
+// mHC pre-norm GEMM + square-sum (DeepGEMM's tf32_hc_prenorm_gemm, docs/hc_prenorm.md) for m >= ~128:
+//   out[s, i, j] = sum_{k in split s} x[i, k] * fn[j, k],   sqrsum[s, i] = sum_{k in split s} x[i, k]^2
+// SM80+ ISA only (mma.sync m16n8k16 bf16, griddepcontrol), shared by SM90 and SM120.
+//
+// Shape of the work: n = 24 outputs per row, so the GEMM is a stream of x (bf16, 16 KB per row at
+// K = 16384) against a small fp32 fn that stays in L2. The MMA takes fn as the A operand and x as the B
+// operand (out^T = fn x^T):
+//   A = [hi rows 0..n-1 | lo rows 0..n-1] (fn split into bf16 hi + lo, "bf16x2": 16 mantissa bits of fn,
+//       x exact), padded to 48 rows = three m16 tiles, no padding wasted at n = 24. The three fn rows a
+//       lane needs (g, g + 8, g + 16) give both their hi and lo fragments in the same lane, so the split
+//       is done in registers with no shuffle.
+//   B = x^T: lane (g, t4) loads 16 contiguous bytes (8 k values) of x row g of each n8 tile straight from
+//       global memory into registers (evict-first: x is read once). The 8 values serve as its B fragment
+//       entries of two k16 steps (k positions 2t4, 2t4+1 / 2t4+8, 2t4+9 of each step, a permutation of k
+//       applied to A and B alike, which leaves the dot product unchanged). x is read once, as full
+//       32-byte sectors, and the square-sum comes from the same registers. (A per-warp cp.async ring,
+//       3 chunks deep, was slower on the H100: 118 -> 137-146 us at m = 8192, docs/hc_prenorm.md run 9.)
+// Block = 64 x rows (8 n8 tiles per warp) x one K sub-slice; its 8 warps take interleaved 32-wide K
+// chunks (x and fn of the next chunk in flight during the MMAs of the current one) and their partials
+// are summed through shared memory in a fixed order. Grid (m tiles, S * P): the caller's split s is cut into P sub-slices (DeepGEMM's
+// 64-block partition, twice) when m tiles x S would leave SMs idle; then each block writes its partial to
+// a workspace and the last block of an (m tile, split) group to arrive (an atomic counter, reset by it)
+// sums the P partials in sub-slice order: deterministic, one launch, graph-safe.
+#pragma once
+#include <cuda_bf16.h>
+#include "common/device.cuh"
+#include "hc_prenorm/params.h"
+
+namespace dsv4 {
+namespace hcp {
+
+constexpr int kThreads = 256;                  // 8 warps; ~200 registers each: one block per SM
+constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 64;                      // x rows per block: 8 n8 tiles per warp (MMA N side)
+constexpr int kTiles = kRows / 8;
+constexpr int kChunk = 32;                     // K per warp step: two k16 MMA steps, 8 k values per lane
+constexpr int kKBlock = 64;                    // DeepGEMM's split granularity
+constexpr int kN = DSV4_HC_PRENORM_MAX_N;      // 24 fn rows: A = 48 rows (hi, lo) = 3 m16 tiles
+constexpr int kPitch = 28;                     // smem floats per x row of a partial (24 used; 28 makes
+                                               // the fragment-order stores conflict-free)
+constexpr int kPart = kRows * kPitch + kRows;  // 1856 floats: out partial, then sqrsum partial
+constexpr int kOut = kRows * kN + kRows;       // 1600 floats: one block partial in the workspace
+// warps 4..7 hand their partials to warps 0..3, which add theirs and leave 4 partials:
+constexpr int kSmemBytes = (kWarps / 2) * kPart * 4;         // 29696 B static (<= 48 KB: no opt-in)
+static_assert(kSmemBytes + 16 <= 101376, "SM120: at most 101376 B shared memory per block (+ s_last)");
+constexpr int kPerThread = (kOut + kThreads - 1) / kThreads; // 7 partial elements per thread in a reduction
+constexpr int kSumBatch = 8;                   // partials loaded per round trip of the last block's sum
+static_assert(kN == 24, "the fragment mapping below assumes A = 3 m16 tiles of hi / lo rows");
+
+// bf16 hi and lo of a pair of fp32 values: hi = rn(a), lo = rn(a - hi) (a - hi is exact in fp32)
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+  hi = *(const uint32_t*)&h;
+  lo = *(const uint32_t*)&l;
+}
+
+// x straight into registers, streamed (evict-first)
+__device__ __forceinline__ uint4 ld_stream(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenormParams p) {
+  __shared__ __align__(16) float red[kWarps / 2][kPart];
+  __shared__ int s_last;
+  pdl_wait();   // x / fn may come from the previous kernel of the stream
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int64_t mt = blockIdx.x, m_tiles = gridDim.x;
+  const int64_t row0 = mt * kRows;
+  const int64_t P = p.sub_splits, S = p.num_splits;
+  const int64_t s = blockIdx.y / P, q = blockIdx.y - s * P;
+  // K range: DeepGEMM's partition of the 64-wide blocks over the S splits (the first nb % S get one
+  // more), then the same partition of split s over its P sub-slices; a range may be empty
+  const int64_t nb = (p.K + kKBlock - 1) / kKBlock;
+  const int64_t b0 = s * (nb / S) + min(s, nb % S), bc = nb / S + (s < nb % S ? 1 : 0);
+  const int64_t c0 = b0 + q * (bc / P) + min(q, bc % P), cc = bc / P + (q < bc % P ? 1 : 0);
+  const int64_t kbeg = c0 * kKBlock, kend = min((c0 + cc) * kKBlock, p.K);
+  const int nchunks = kend > kbeg ? (int)((kend - kbeg + kChunk - 1) / kChunk) : 0;
+
+  const __nv_bfloat16* xb = (const __nv_bfloat16*)p.x;
+  // chunk c: lane's 8 k values k0 + 8 t4 .. + 7 of x rows row0 + 8 j + g and of fn rows g, g + 8, g + 16
+  // (K % 8 == 0 and kend is a multiple of 8, so the 8 values are all in range or all out; out of range,
+  // out-of-bounds rows and fn rows >= n load zeros, which add nothing)
+  auto load_x = [&](int c, uint4 (&xv)[kTiles]) {
+    const int64_t k = kbeg + (int64_t)c * kChunk + 8 * t4;
+    const bool kok = c < nchunks && k + 8 <= kend;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const int64_t r = row0 + 8 * j + g;
+      xv[j] = (kok && r < p.m) ? ld_stream(xb + r * p.x_stride + k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  auto load_fn = [&](int c, float4 (&fv)[3][2]) {
+    const int64_t k = kbeg + (int64_t)c * kChunk + 8 * t4;
+    const bool kok = c < nchunks && k + 8 <= kend;
+#pragma unroll
+    for (int rr = 0; rr < 3; ++rr) {
+      const int jr = g + 8 * rr;
+      const float* f = p.fn + (int64_t)jr * p.fn_stride + k;
+      const bool ok = kok && jr < p.n;
+      fv[rr][0] = ok ? __ldg((const float4*)f) : make_float4(0.f, 0.f, 0.f, 0.f);
+      fv[rr][1] = ok ? __ldg((const float4*)(f + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+
+  float acc[3][kTiles][4];
+#pragma unroll
+  for (int t = 0; t < 3; ++t)
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.f;
+  float sq[kTiles];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) sq[j] = 0.f;
+
+  // k16 step h of a chunk: lane values 4h .. 4h + 3 of its 8 (k positions 2t4, 2t4+1, 2t4+8, 2t4+9)
+  auto compute = [&](const uint4 (&xv)[kTiles], const float4 (&fv)[3][2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t hi0[3], hi1[3], lo0[3], lo1[3];
+#pragma unroll
+      for (int rr = 0; rr < 3; ++rr) {
+        split_bf16x2(fv[rr][h].x, fv[rr][h].y, hi0[rr], lo0[rr]);
+        split_bf16x2(fv[rr][h].z, fv[rr][h].w, hi1[rr], lo1[rr]);
+      }
+      const uint32_t a0[4] = {hi0[0], hi0[1], hi1[0], hi1[1]};   // A rows 0..15: hi of fn rows g, g + 8
+      const uint32_t a1[4] = {hi0[2], lo0[0], hi1[2], lo1[0]};   // rows 16..31: hi of g + 16, lo of g
+      const uint32_t a2[4] = {lo0[1], lo0[2], lo1[1], lo1[2]};   // rows 32..47: lo of g + 8, g + 16
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const uint32_t b[2] = {h ? xv[j].z : xv[j].x, h ? xv[j].w : xv[j].y};
+        mma_bf16_16816(acc[0][j], a0, b);
+        mma_bf16_16816(acc[1][j], a1, b);
+        mma_bf16_16816(acc[2][j], a2, b);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {   // squares of the bf16 values (exact in fp32)
+      const uint32_t w[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lo = __uint_as_float(w[e] << 16), hi = __uint_as_float(w[e] & 0xffff0000u);
+        sq[j] = fmaf(lo, lo, sq[j]);
+        sq[j] = fmaf(hi, hi, sq[j]);
+      }
+    }
+  };
+
+  // main loop: warp w takes chunks w, w + 8, ...; the next chunk's loads are in flight during the MMAs
+  {
+    uint4 xa[kTiles], xn[kTiles];
+    float4 fa[3][2], fnx[3][2];
+    load_x(warp, xa);
+    load_fn(warp, fa);
+    for (int c = warp; c < nchunks; c += 2 * kWarps) {
+      load_x(c + kWarps, xn);
+      load_fn(c + kWarps, fnx);
+      compute(xa, fa);
+      if (c + kWarps >= nchunks) break;
+      load_x(c + 2 * kWarps, xa);
+      load_fn(c + 2 * kWarps, fa);
+      compute(xn, fnx);
+    }
+  }
+
+  // ---- warp partials -> 4 in shared memory (warps 4..7 store, warps 0..3 add theirs; fixed order).
+  //      Lane values of x row 8 j + 2 t4 + e: fn row g = hi (tile 0, row g) + lo (tile 1, row g + 8),
+  //      g + 8 = tile 0 row g + 8 + tile 2 row g, g + 16 = tile 1 row g + tile 2 row g + 8.
+  auto put = [&](float* d, bool add) {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float* o = d + (8 * j + 2 * t4 + e) * kPitch + g;
+        float v0 = acc[0][j][e] + acc[1][j][2 + e];
+        float v1 = acc[0][j][2 + e] + acc[2][j][e];
+        float v2 = acc[1][j][e] + acc[2][j][2 + e];
+        if (add) { v0 += o[0]; v1 += o[8]; v2 += o[16]; }
+        o[0] = v0; o[8] = v1; o[16] = v2;
+      }
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      float v = sq[j];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      float* o = d + kRows * kPitch + 8 * j + g;
+      if (t4 == 0) *o = add ? v + *o : v;
+    }
+  };
+  if (warp >= kWarps / 2) put(red[warp - kWarps / 2], false);
+  __syncthreads();
+  if (warp < kWarps / 2) put(red[warp], true);
+  __syncthreads();
+
+  // block partial element i (< kOut): x row i / kN, fn row i % kN, or sqrsum of row i - kRows * kN
+  auto smem_index = [](int i) { return i < kRows * kN ? (i / kN) * kPitch + i % kN : kRows * kPitch + i - kRows * kN; };
+  auto write = [&](int i, float v) {
+    if (i < kRows * kN) {
+      const int64_t r = row0 + i / kN;
+      const int j = i % kN;
+      if (r < p.m && j < p.n) p.out[s * p.out_stride_s + r * p.out_stride_m + j * p.out_stride_n] = v;
+    } else {
+      const int64_t r = row0 + i - kRows * kN;
+      if (r < p.m) p.sqrsum[s * p.sq_stride_s + r * p.sq_stride_m] = v;
+    }
+  };
+  if (P == 1) {
+    for (int i = tid; i < kOut; i += kThreads) {
+      const int si = smem_index(i);
+      write(i, ((red[0][si] + red[1][si]) + red[2][si]) + red[3][si]);
+    }
+    return;
+  }
+  // ---- P > 1: partial to the workspace; the last block of the (m tile, split) group sums all P
+  const int64_t grp = s * m_tiles + mt;
+  float* ws = p.ws + grp * P * kOut;
+  for (int i = tid; i < kOut; i += kThreads) {
+    const int si = smem_index(i);
+    ws[q * kOut + i] = ((red[0][si] + red[1][si]) + red[2][si]) + red[3][si];
+  }
+  __threadfence();   // this thread's partial is visible device-wide before the block arrives
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(p.counters + grp, 1) == (int)P - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();   // the other blocks' partials (their fences precede their arrival) are seen
+  // every thread sums kPerThread elements over the P partials in sub-slice order, kSumBatch partials per
+  // round trip (all their loads in flight; a loop of dependent loads made the hand-off the largest cost)
+  float v[kPerThread];
+#pragma unroll
+  for (int e = 0; e < kPerThread; ++e) v[e] = 0.f;
+  for (int q0 = 0; q0 < (int)P; q0 += kSumBatch) {
+    float t[kSumBatch][kPerThread];
+#pragma unroll
+    for (int u = 0; u < kSumBatch; ++u)
+#pragma unroll
+      for (int e = 0; e < kPerThread; ++e) {
+        const int i = tid + e * kThreads;
+        t[u][e] = (q0 + u < (int)P && i < kOut) ? __ldcg(ws + (int64_t)(q0 + u) * kOut + i) : 0.f;
+      }
+#pragma unroll
+    for (int u = 0; u < kSumBatch; ++u)
+#pragma unroll
+      for (int e = 0; e < kPerThread; ++e) v[e] += t[u][e];
+  }
+#pragma unroll
+  for (int e = 0; e < kPerThread; ++e) {
+    const int i = tid + e * kThreads;
+    if (i < kOut) write(i, v[e]);
+  }
+  if (tid == 0) p.counters[grp] = 0;   // ready for the next launch / graph replay
+}
+
+}  // namespace hcp
+}  // namespace dsv4

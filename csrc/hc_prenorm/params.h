@@ -1,0 +1,40 @@
+// Plain POD parameter block of the hc_prenorm GEMM kernel (hc_prenorm/kernel.cuh): DeepGEMM's
+// tf32_hc_prenorm_gemm semantics (docs/hc_prenorm.md section 1). Every field is 8 bytes wide (pointer
+// or int64_t) so the ctypes mirror in deepseek_v4_kernel/_ext.py has no padding surprises. Keep the
+// order in sync.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// fn rows (n): the MMA's A operand is [hi rows 0..n-1 | lo rows 0..n-1], three m16 tiles.
+#define DSV4_HC_PRENORM_MAX_N 24
+// K sub-slices per caller split (P): bounded so one reducing block reads at most 64 partials per output.
+#define DSV4_HC_PRENORM_MAX_SUB 64
+
+typedef struct HcPrenormParams {
+  const void* x;          // bf16 [m, K], unit stride along K; rows 16-byte aligned (x_stride % 8 == 0)
+  int64_t x_stride;       // elements between rows
+  const float* fn;        // fp32 [n, K], unit stride along K; rows 16-byte aligned (fn_stride % 4 == 0)
+  int64_t fn_stride;
+  float* out;             // fp32 [S, m, n] (any strides; S = 1 for a 2-D out)
+  int64_t out_stride_s;
+  int64_t out_stride_m;
+  int64_t out_stride_n;
+  float* sqrsum;          // fp32 [S, m] (any strides)
+  int64_t sq_stride_s;
+  int64_t sq_stride_m;
+  float* ws;              // P > 1: fp32 [S * m_tiles * P, kHcOut] partials (any content)
+  int32_t* counters;      // P > 1: int32 [S * m_tiles], zero on entry; left zero on exit
+  int64_t m;
+  int64_t n;              // 1 .. DSV4_HC_PRENORM_MAX_N
+  int64_t K;              // multiple of 8
+  int64_t num_splits;     // S, the caller's splits (DeepGEMM's 64-wide block partition)
+  int64_t sub_splits;     // P, sub-slices of every split (1: no workspace, no counters)
+} HcPrenormParams;
+
+#ifdef __cplusplus
+}
+#endif
