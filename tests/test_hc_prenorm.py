@@ -216,8 +216,8 @@ def test_errors_name_the_argument(device, what, arg):
 @pytest.mark.parametrize("num_splits", SPLITS)
 @pytest.mark.parametrize("m", [0, 1, 7, 128, 4096])
 def test_gpu_full_k(monkeypatch, m, num_splits, impl):
-    """DeepGEMM's entry point with each kernel (DSV4_HC_PRENORM_IMPL; auto: Triton below CUDA_MIN_M rows,
-    the compiled kernel from there on)."""
+    """DeepGEMM's entry point with each kernel (DSV4_HC_PRENORM_IMPL; auto: the compiled kernel where
+    auto_prefers_cuda says so, e.g. m >= 256 under DISABLE_MMA_V3=1, else Triton)."""
     monkeypatch.setenv("DSV4_HC_PRENORM_IMPL", impl)
     K = 16384
     x, fn = _inputs(m, K, device="cuda", seed=m + 1)

@@ -1,8 +1,9 @@
-// mHC pre-norm GEMM + square-sum (DeepGEMM's tf32_hc_prenorm_gemm, docs/hc_prenorm.md) for m >= ~128:
+// mHC pre-norm GEMM + square-sum (DeepGEMM's tf32_hc_prenorm_gemm, docs/hc_prenorm.md), for m >= 256
+// (>= 64 with the caller's splits) where Triton builds mma.sync (ops/hc_prenorm.auto_prefers_cuda):
 //   out[s, i, j] = sum_{k in split s} x[i, k] * fn[j, k],   sqrsum[s, i] = sum_{k in split s} x[i, k]^2
 // SM80+ ISA only (mma.sync m16n8k16 bf16, griddepcontrol), shared by SM90 and SM120.
 //
-// Shape of the work: n = 24 outputs per row, so the GEMM is a stream of x (bf16, 16 KB per row at
+// Shape of the work: n = 24 outputs per row, so the GEMM is a stream of x (bf16, 32 KB per row at
 // K = 16384) against a small fp32 fn that stays in L2. The MMA takes fn as the A operand and x as the B
 // operand (out^T = fn x^T):
 //   A = [hi rows 0..n-1 | lo rows 0..n-1] (fn split into bf16 hi + lo, "bf16x2": 16 mantissa bits of fn,
@@ -17,10 +18,11 @@
 //       3 chunks deep, was slower on the H100: 118 -> 137-146 us at m = 8192, docs/hc_prenorm.md run 9.)
 // Block = 64 x rows (8 n8 tiles per warp) x one K sub-slice; its 8 warps take interleaved 32-wide K
 // chunks (x and fn of the next chunk in flight during the MMAs of the current one) and their partials
-// are summed through shared memory in a fixed order. Grid (m tiles, S * P): the caller's split s is cut into P sub-slices (DeepGEMM's
-// 64-block partition, twice) when m tiles x S would leave SMs idle; then each block writes its partial to
-// a workspace and the last block of an (m tile, split) group to arrive (an atomic counter, reset by it)
-// sums the P partials in sub-slice order: deterministic, one launch, graph-safe.
+// are summed through shared memory in a fixed order. Grid (m tiles, S * P): the caller's split s is cut
+// into P sub-slices (DeepGEMM's 64-block partition, twice) when m tiles x S would leave SMs idle; then
+// each block writes its partial to a workspace and the last block of an (m tile, split) group to arrive
+// (an atomic counter, reset by it) sums the P partials in sub-slice order: deterministic, one launch,
+// graph-safe.
 #pragma once
 #include <cuda_bf16.h>
 #include "common/device.cuh"
@@ -29,7 +31,7 @@
 namespace dsv4 {
 namespace hcp {
 
-constexpr int kThreads = 256;                  // 8 warps; ~200 registers each: one block per SM
+constexpr int kThreads = 256;                  // 8 warps, 255 registers each (sm_120a): one block per SM
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 64;                      // x rows per block: 8 n8 tiles per warp (MMA N side)
 constexpr int kTiles = kRows / 8;
@@ -197,7 +199,9 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
   __syncthreads();
 
   // block partial element i (< kOut): x row i / kN, fn row i % kN, or sqrsum of row i - kRows * kN
-  auto smem_index = [](int i) { return i < kRows * kN ? (i / kN) * kPitch + i % kN : kRows * kPitch + i - kRows * kN; };
+  auto smem_index = [](int i) {
+    return i < kRows * kN ? (i / kN) * kPitch + i % kN : kRows * kPitch + i - kRows * kN;
+  };
   auto write = [&](int i, float v) {
     if (i < kRows * kN) {
       const int64_t r = row0 + i / kN;

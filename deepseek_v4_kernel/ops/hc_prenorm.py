@@ -33,6 +33,12 @@ At large m (table field ``presplit``) the split is done once per call by a small
 (``_fn_split_kernel``: fn -> bf16 hi / lo planes in a persistent per-stream buffer) instead of
 in every m tile, and the GEMM loads both planes as MMA operands: same numbers, 1.15-1.45x
 with mma.sync at m >= 2048 (docs/hc_prenorm.md, run 7).
+
+Compiled kernel (csrc/hc_prenorm, run 9): where Triton builds mma.sync (SM120), ``impl="auto"`` runs a
+CUDA kernel from m >= 256 (>= 64 with the caller's splits): fn as the MMA's A operand ([hi | lo] bf16
+rows, the same bf16x2 numbers), x loaded straight from global memory as the B operand, 1.2-1.7x the
+mma.sync Triton kernel at m >= 256 on the H100. ``impl`` / env DSV4_HC_PRENORM_IMPL picks a kernel
+(pick_impl); cases it does not take go to the Triton kernel under "auto".
 """
 from __future__ import annotations
 
@@ -639,8 +645,10 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
     if pick_impl(x, fn, S, impl, _config) == "cuda":
         num_sms = sm_count(dev)
         P = (_config or {}).get("p") or cuda_sub_splits(m, K, S, num_sms)
-        if not 1 <= P <= _CUDA_MAX_SUB:
-            raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda'", P)
+        groups = triton.cdiv(m, _CUDA_ROWS) * S
+        if not (1 <= P <= _CUDA_MAX_SUB and (P == 1 or groups <= _COUNTER_CAP)):
+            raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda' (1 when m tiles x splits = {groups} "
+                        f"> {_COUNTER_CAP} counters)", P)
         _cuda_gemm(x, fn, out if out.dim() == 3 else out.unsqueeze(0),
                    sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0), m, K, n, S, P)
         return None
