@@ -505,6 +505,14 @@ w13 = torch.zeros(E, 2 * I, H // 2, dtype=torch.uint8, device="cuda")
 w2 = torch.zeros(E, H, I // 2, dtype=torch.uint8, device="cuda")
 print("MOE", fp4_moe._cuda_decode_unsupported(x, w13, w2, 12, H, I))
 print("IMPL", fp4_moe.pick_impl(x, w13, w2, 6))
+from deepseek_v4_kernel.ops import hc_prenorm as hp   # DISABLE_MMA_V3=1: auto would take the compiled kernel
+x = torch.randn(512, 1024, device="cuda").bfloat16()
+fn = torch.randn(24, 1024, device="cuda") * 0.05
+print("HC", hp.cuda_unsupported(x, fn, 1))
+out, sq = torch.full((512, 24), float("nan"), device="cuda"), torch.full((512,), float("nan"), device="cuda")
+hp.hc_prenorm_gemm(x, fn, out, sq)
+ref = x.double() @ fn.double().T
+print("HCRUN", hp.last_launch[0], bool(((out.double() - ref).abs() <= 1e-3 * (x.double().abs() @ fn.double().abs().T)).all()))
 """
 
 
@@ -512,7 +520,8 @@ print("IMPL", fp4_moe.pick_impl(x, w13, w2, 6))
 def test_gpu_library_without_this_arch_hands_back(tmp_path):
     """A library built only for sm_120a on a GPU of another arch (the H100 here; a compute capability
     12.1 GB10 in the field): sparse_decode raises ExtensionUnavailable naming the arch (the patch layer
-    then hands the call to SGLang) instead of failing at launch, and fp4_moe does not pick cuda_decode."""
+    then hands the call to SGLang) instead of failing at launch, fp4_moe does not pick cuda_decode, and
+    hc_prenorm's auto runs its Triton kernel where it would take the compiled one (DISABLE_MMA_V3=1)."""
     import subprocess
     import sys
 
@@ -530,13 +539,14 @@ def test_gpu_library_without_this_arch_hands_back(tmp_path):
     r = subprocess.run(["bash", os.path.join(root, "scripts", "build_ext.sh"), str(lib)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    env = dict(os.environ, DSV4_KERNEL_LIB=str(lib), DSV4_KERNEL_STRICT="1")
+    env = dict(os.environ, DSV4_KERNEL_LIB=str(lib), DSV4_KERNEL_STRICT="1", DISABLE_MMA_V3="1")
     r = subprocess.run([sys.executable, "-c", _NO_IMAGE_CHILD, os.path.dirname(os.path.abspath(__file__))],
                        env=env, capture_output=True, text=True, timeout=300, cwd=root)
     assert r.returncode == 0, r.stdout + r.stderr
     print(r.stdout)
     lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
-    assert {"SPARSE", "MOE", "IMPL"} <= set(lines), r.stdout  # "NO ERROR": the call ran (or failed) anyway
-    for key in ("SPARSE", "MOE"):
+    assert {"SPARSE", "MOE", "IMPL", "HC", "HCRUN"} <= set(lines), r.stdout  # "NO ERROR": the call ran anyway
+    for key in ("SPARSE", "MOE", "HC"):
         assert f"sm_{major}{minor}" in lines[key] and "built for sm_120a" in lines[key], lines
     assert lines["IMPL"] != "cuda_decode", lines
+    assert lines["HCRUN"] == "triton True", lines
