@@ -527,7 +527,8 @@ IMPLS = ("auto", "triton", "cuda")
 # auto, where Triton builds mma.sync (SM120; sm_90 under DISABLE_MMA_V3): the compiled kernel from
 # CUDA_MIN_M rows, or from CUDA_MIN_M_SPLIT when the caller splits K itself (num_splits >= 2: no hand-off
 # between blocks); below that the Triton tables (H100 run 9, docs/hc_prenorm.md). Where Triton builds
-# wgmma (sm_90) its kernel stays the default: faster than the compiled one at m >= 4096 there.
+# wgmma (sm_90, not a target) its kernel stays the default: faster than the compiled one at m >= 8192
+# and m <= 256 there, within 3 % at 512 and 4096.
 CUDA_MIN_M = 256
 CUDA_MIN_M_SPLIT = 64
 _CUDA_AUTO_SUB = 32   # most sub-slices auto picks (H100 run 9 sweep: the last block's sum of P partials
