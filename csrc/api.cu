@@ -30,7 +30,8 @@ static int set_error(const char* op, cudaError_t e, const char* what) {
 __global__ void dsv4_device_probe_kernel() {}
 
 // What every C entry shares: clear the last error, reject a null parameter block, run the entry's size
-// check (`bad` fills g_last_error and returns true for the sizes it rejects), launch, report a failed launch.
+// check (`bad(p)` fills g_last_error and returns true for the sizes it rejects), launch, report a failed
+// launch.
 template <typename Params, typename Bad>
 static int call_op(const char* op, const Params* p, void* stream, Bad bad,
                    cudaError_t (*launch)(const Params&, cudaStream_t)) {
@@ -39,7 +40,7 @@ static int call_op(const char* op, const Params* p, void* stream, Bad bad,
     snprintf(g_last_error, sizeof(g_last_error), "%s: null params", op);
     return (int)cudaErrorInvalidValue;
   }
-  if (bad(*p)) return (int)cudaErrorInvalidValue;
+  if (bad(p)) return (int)cudaErrorInvalidValue;
   const cudaError_t e = launch(*p, (cudaStream_t)stream);
   if (e != cudaSuccess) return set_error(op, e, "kernel launch failed");
   return 0;
@@ -72,13 +73,13 @@ int dsv4_abi_version(void) { return 1; }
 int dsv4_sparse_decode_params_size(void) { return (int)sizeof(SparseDecodeParams); }
 
 int dsv4_sparse_decode(const SparseDecodeParams* p, void* stream) {
-  return call_op("sparse_decode", p, stream, [](const SparseDecodeParams& q) {
-    if (q.b <= 0 || q.s_q <= 0 || q.h_q <= 0 || q.num_splits <= 0 || q.split_tokens <= 0 ||
-        q.b * q.s_q > 2147483647LL || q.num_splits > DSV4_SPARSE_DECODE_MAX_SPLITS || q.impl < 0 || q.impl > 4) {
+  return call_op("sparse_decode", p, stream, [](const SparseDecodeParams* p) {
+    if (p->b <= 0 || p->s_q <= 0 || p->h_q <= 0 || p->num_splits <= 0 || p->split_tokens <= 0 ||
+        p->b * p->s_q > 2147483647LL || p->num_splits > DSV4_SPARSE_DECODE_MAX_SPLITS || p->impl < 0 || p->impl > 4) {
       snprintf(g_last_error, sizeof(g_last_error),
                "sparse_decode: bad sizes b=%lld s_q=%lld h_q=%lld splits=%lld impl=%lld (expected b, s_q, h_q >= 1, "
                "b*s_q < 2^31, 1 <= splits <= %d, 0 <= impl <= 4)",
-               (long long)q.b, (long long)q.s_q, (long long)q.h_q, (long long)q.num_splits, (long long)q.impl,
+               (long long)p->b, (long long)p->s_q, (long long)p->h_q, (long long)p->num_splits, (long long)p->impl,
                DSV4_SPARSE_DECODE_MAX_SPLITS);
       return true;
     }
@@ -89,15 +90,15 @@ int dsv4_sparse_decode(const SparseDecodeParams* p, void* stream) {
 int dsv4_fp4_moe_decode_params_size(void) { return (int)sizeof(Fp4MoeDecodeParams); }
 
 int dsv4_fp4_moe_decode(const Fp4MoeDecodeParams* p, void* stream) {
-  return call_op("fp4_moe_decode", p, stream, [](const Fp4MoeDecodeParams& q) {
-    const long long slots = (long long)q.M * (long long)q.topk;
-    if (q.M < 1 || q.topk < 1 || slots > DSV4_FP4_MOE_MAX_SLOTS || q.E < 1 || q.E > 2147483647LL ||
-        q.hidden < 128 || q.hidden % 128 || q.inter < 128 || q.inter % 128 || q.w13_stride_n % 16 ||
-        q.w2_stride_n % 16 || q.x_stride % 8 || ((uintptr_t)q.x | (uintptr_t)q.w13 | (uintptr_t)q.w2) % 16) {
+  return call_op("fp4_moe_decode", p, stream, [](const Fp4MoeDecodeParams* p) {
+    const long long slots = (long long)p->M * (long long)p->topk;
+    if (p->M < 1 || p->topk < 1 || slots > DSV4_FP4_MOE_MAX_SLOTS || p->E < 1 || p->E > 2147483647LL ||
+        p->hidden < 128 || p->hidden % 128 || p->inter < 128 || p->inter % 128 || p->w13_stride_n % 16 ||
+        p->w2_stride_n % 16 || p->x_stride % 8 || ((uintptr_t)p->x | (uintptr_t)p->w13 | (uintptr_t)p->w2) % 16) {
       snprintf(g_last_error, sizeof(g_last_error),
                "fp4_moe_decode: bad sizes M=%lld topk=%lld E=%lld hidden=%lld I=%lld (expected 1 <= M*topk <= %d, "
                "hidden and I positive multiples of 128, 16-byte aligned x / w13 / w2 rows)",
-               (long long)q.M, (long long)q.topk, (long long)q.E, (long long)q.hidden, (long long)q.inter,
+               (long long)p->M, (long long)p->topk, (long long)p->E, (long long)p->hidden, (long long)p->inter,
                DSV4_FP4_MOE_MAX_SLOTS);
       return true;
     }
@@ -108,18 +109,18 @@ int dsv4_fp4_moe_decode(const Fp4MoeDecodeParams* p, void* stream) {
 int dsv4_hc_prenorm_params_size(void) { return (int)sizeof(HcPrenormParams); }
 
 int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
-  return call_op("hc_prenorm", p, stream, [](const HcPrenormParams& q) {
-    const long long m_tiles = (long long)((q.m + 63) / 64);
-    if (q.m < 1 || m_tiles > 2147483647LL || q.n < 1 || q.n > DSV4_HC_PRENORM_MAX_N || q.K < 8 || q.K % 8 ||
-        q.num_splits < 1 || q.sub_splits < 1 || q.sub_splits > DSV4_HC_PRENORM_MAX_SUB ||
-        q.num_splits * q.sub_splits > 65535 || q.x_stride % 8 || q.fn_stride % 4 ||
-        ((uintptr_t)q.x | (uintptr_t)q.fn) % 16 ||
-        (q.sub_splits > 1 && (q.ws == nullptr || q.counters == nullptr))) {
+  return call_op("hc_prenorm", p, stream, [](const HcPrenormParams* p) {
+    const long long m_tiles = (long long)((p->m + 63) / 64);
+    if (p->m < 1 || m_tiles > 2147483647LL || p->n < 1 || p->n > DSV4_HC_PRENORM_MAX_N || p->K < 8 || p->K % 8 ||
+        p->num_splits < 1 || p->sub_splits < 1 || p->sub_splits > DSV4_HC_PRENORM_MAX_SUB ||
+        p->num_splits * p->sub_splits > 65535 || p->x_stride % 8 || p->fn_stride % 4 ||
+        ((uintptr_t)p->x | (uintptr_t)p->fn) % 16 ||
+        (p->sub_splits > 1 && (p->ws == nullptr || p->counters == nullptr))) {
       snprintf(g_last_error, sizeof(g_last_error),
                "hc_prenorm: bad sizes m=%lld n=%lld K=%lld splits=%lld sub_splits=%lld (expected m >= 1, "
                "1 <= n <= %d, K a positive multiple of 8, 1 <= sub_splits <= %d, splits * sub_splits <= 65535, "
                "16-byte aligned x / fn rows, a workspace and counters when sub_splits > 1)",
-               (long long)q.m, (long long)q.n, (long long)q.K, (long long)q.num_splits, (long long)q.sub_splits,
+               (long long)p->m, (long long)p->n, (long long)p->K, (long long)p->num_splits, (long long)p->sub_splits,
                DSV4_HC_PRENORM_MAX_N, DSV4_HC_PRENORM_MAX_SUB);
       return true;
     }
