@@ -132,6 +132,15 @@ def test_bad_inputs(device):
     z = torch.zeros(3, dtype=torch.int32, device=device)
     with pytest.raises(UnsupportedCase):
         op.fp8_mqa_logits(qf, kv, wf, z, z, clean_logits=True, max_seqlen_k=16)
+    # a tensor on another device than q: named in the error (meta stands in for a second GPU on CPU CI)
+    with pytest.raises(UnsupportedCase, match=r"weights must be on .*the device of q.*meta"):
+        op.paged_mqa_logits(q, cache, w.to("meta"), cl, bt, 64)
+    with pytest.raises(UnsupportedCase, match=r"block_table must be on"):
+        op.paged_mqa_logits(q, cache, w, cl, bt.to("meta"), 64)
+    with pytest.raises(UnsupportedCase, match=r"cu_seq_len_k_end must be on"):
+        op.fp8_mqa_logits(qf, kv, wf, z, z.to("meta"), clean_logits=False)
+    with pytest.raises(UnsupportedCase, match=r"kv\[1\] must be on"):
+        op.fp8_mqa_logits(qf, (kv[0], kv[1].to("meta")), wf, z, z, clean_logits=False)
 
 
 def test_reference_packer_roundtrip():

@@ -41,3 +41,25 @@ def extension_error(device: torch.device):
     GPU arch the library was not built for: sm_120a code runs on compute capability 12.0 only). Asked once
     per device, so it stays off the hot path. Raises ExtensionUnavailable when the library does not load."""
     return _extension_error_of(_index(device))
+
+
+def on_input_device(op):
+    """Decorator for an op entry point: run it with the CUDA device of its first argument (a tensor) as the
+    current device. Triton launches a kernel on the current device and its current stream, not on the
+    device of the tensors: in a process that drives several GPUs (one SGLang worker makes its own GPU
+    current, a script or test may not), a call on cuda:1 while cuda:0 is current would run on the wrong
+    GPU. The compiled ops set the device around their launch the same way. No cost when the device is
+    already current (the usual case)."""
+    import inspect
+
+    first = next(iter(inspect.signature(op).parameters))
+
+    @functools.wraps(op)
+    def run(*args, **kwargs):
+        t = args[0] if args else kwargs.get(first)
+        if isinstance(t, torch.Tensor) and t.is_cuda and t.device.index != torch.cuda.current_device():
+            with torch.cuda.device(t.device):
+                return op(*args, **kwargs)
+        return op(*args, **kwargs)
+
+    return run

@@ -66,7 +66,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import extension_error, sm_count
+from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count
 
 OP = "fp4_moe"
 SMEM_LIMIT = 101376
@@ -786,6 +786,7 @@ def _merge_config(c1, c2, config):
 
 
 # --------------------------------------------------------------------------- op
+@on_input_device
 def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
             swiglu_limit=None, routed_scaling_factor=None, impl=None, out=None, config=None):
     """DeepSeek-V4 MXFP4 routed experts (see module docstring). Returns bf16 [M, hidden].

@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
-from deepseek_v4_kernel.ops._device import extension_error, sm_count
+from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count
 
 OP = "hc_prenorm"
 _KBLOCK = 64  # DeepGEMM's split granularity (BLOCK_K of its sm90/sm100 kernels)
@@ -634,6 +634,7 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P):
 last_launch = None  # ("cuda", P) or ("triton", cfg) of the latest call (tests, bench)
 
 
+@on_input_device
 def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=None):
     """In-place split-K pre-norm GEMM + square-sum (see module docstring). Returns None.
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import sm_count
+from deepseek_v4_kernel.ops._device import on_input_device, sm_count
 
 _HEAD_DIM = 128
 _BLOCK_KV = 64
@@ -246,6 +246,13 @@ def _check_q_fp8(op, name, q, ndim):
         _bad(op, f"{name}: number of heads must be 16, 32, 64 or 128, got {H}")
 
 
+def _check_device(op: str, dev: torch.device, **tensors):
+    """Every tensor on q's device (else Triton would fail with a pointer error naming no argument)."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device != dev:
+            _bad(op, f"{name} must be on {dev} (the device of q), got {t.device}")
+
+
 def _chunk(total_tiles: int, programs_other: int, block_t: int, device) -> int:
     """Context tiles per program: enough programs to fill the GPU, few Q reloads."""
     target = 4 * _sm_count(device)
@@ -255,6 +262,7 @@ def _chunk(total_tiles: int, programs_other: int, block_t: int, device) -> int:
     return tiles * block_t
 
 
+@on_input_device
 def paged_mqa_logits(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -278,6 +286,8 @@ def paged_mqa_logits(
     if not kv_cache.is_contiguous():
         _bad(op, "kv_cache must be contiguous")
     dev = q.device
+    _check_device(op, dev, kv_cache=kv_cache, weights=weights, context_lens=context_lens, block_table=block_table,
+                  out=out)
     if weights.dim() == 3 and weights.shape[-1] == 1:
         weights = weights.squeeze(-1)
     if weights.dtype not in (torch.float32, torch.bfloat16) or tuple(weights.shape) != (B * N, H):
@@ -338,6 +348,7 @@ def paged_mqa_logits(
     return out
 
 
+@on_input_device
 def mqa_logits(
     q: torch.Tensor,
     kv: Tuple[torch.Tensor, torch.Tensor],
@@ -357,6 +368,8 @@ def mqa_logits(
     if k.dtype != _FP8 or k.dim() != 2 or k.shape[1] != _HEAD_DIM or k.stride(1) != 1:
         _bad(op, f"kv[0] must be float8_e4m3fn [n, 128] (unit last stride), got {k.dtype} {list(k.shape)}")
     n = k.shape[0]
+    _check_device(op, q.device, **{"kv[0]": k, "kv[1]": k_scale, "weights": weights, "cu_seq_len_k_start": ks,
+                                   "cu_seq_len_k_end": ke})
     if k_scale.dim() == 2 and k_scale.shape[1] == 1:
         k_scale = k_scale.squeeze(1)
     if k_scale.dtype != torch.float32 or tuple(k_scale.shape) != (n,):
