@@ -31,6 +31,7 @@ import pytest  # noqa: E402
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "uses_first_gpu: a multi-GPU test that allocates on cuda:0 itself")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -216,15 +216,15 @@ def _case(b, s_q, h_q, topk, page_size=64, n_main=300, extra_topk=0, n_extra=700
     return a
 
 
-def _to_cuda(a):
+def _to_cuda(a, device="cuda"):
     r = {}
     for k, v in a.items():
         if isinstance(v, torch.Tensor):
             if v.dtype == torch.uint8 and v.dim() == 4:      # keep the paged byte layout (stride(0))
-                raw = torch.as_strided(v, (v.shape[0], v.stride(0)), (v.stride(0), 1)).cuda()
+                raw = torch.as_strided(v, (v.shape[0], v.stride(0)), (v.stride(0), 1)).to(device)
                 v = torch.as_strided(raw, v.shape, v.stride())
             else:
-                v = v.cuda()
+                v = v.to(device)
         r[k] = v
     return r
 
