@@ -1,4 +1,4 @@
-"""Command line: ``python -m deepseek_v4_kernel doctor [--json] [--no-selftest]``."""
+"""Command line: ``python -m deepseek_v4_kernel doctor [--json] [--no-selftest] [--devices N,...]``."""
 
 import sys
 
@@ -6,7 +6,7 @@ import sys
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m deepseek_v4_kernel doctor [--json] [--no-selftest]")
+        print("usage: python -m deepseek_v4_kernel doctor [--json] [--no-selftest] [--devices N,...]")
         return 0 if argv else 2
     if argv[0] == "doctor":
         from .doctor import main as doctor

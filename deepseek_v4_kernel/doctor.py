@@ -50,7 +50,8 @@ def _torch_info() -> dict:
             cap = torch.cuda.get_device_capability()
             info["device"] = torch.cuda.get_device_name()
             info["capability"] = f"sm_{cap[0]}{cap[1]}"
-            info["num_sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+            info["num_sms"] = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            info["device_count"] = torch.cuda.device_count()
     except Exception as e:
         info["error"] = repr(e)
     return info
@@ -104,7 +105,8 @@ def _targets(import_modules: bool) -> dict:
     return {"active": patcher.active, "why": patcher.why, "sglang": patcher.version, "targets": rows}
 
 
-def collect(run_selftest: bool = True, import_modules: bool = True) -> dict:
+def collect(run_selftest: bool = True, import_modules: bool = True, devices=None) -> dict:
+    """``devices``: the GPUs to self-test ("cuda:N" strings; default every visible one)."""
     dev = policy.device_info()
     out = {
         "deepseek_v4_kernel": __version__,
@@ -122,7 +124,7 @@ def collect(run_selftest: bool = True, import_modules: bool = True) -> dict:
     if run_selftest and out["torch"].get("cuda_available") and out["patch"]["active"]:
         from . import selftest
 
-        out["selftest"] = selftest.run_all()
+        out["selftest"] = selftest.run_all(devices)
     elif run_selftest:
         reason = ("no CUDA device" if not out["torch"].get("cuda_available")
                   else f"patch layer inactive ({out['patch']['why']})")
@@ -138,6 +140,8 @@ def format_text(d: dict) -> str:
     t = d["torch"]
     if t.get("available"):
         dev = f"{t.get('device')} {t.get('capability')}, {t.get('num_sms')} SMs" if t.get("cuda_available") else "no CUDA device"
+        if t.get("device_count", 1) > 1:
+            dev += f" (current device; {t['device_count']} visible)"
         lines.append(f"torch {t['version']} (CUDA {t['cuda']}): {dev}")
     else:
         lines.append(f"torch: {t.get('error')}")
@@ -163,9 +167,12 @@ def format_text(d: dict) -> str:
     if isinstance(st, dict) and "skipped" in st:
         lines.append(f"self-test: skipped ({st['skipped']})")
     elif st is not None:
-        lines.append("self-test:")
+        n_dev = len({r.get("device") for r in st})
+        several = n_dev > 1  # name the GPU only when there is a choice
+        lines.append(f"self-test (on {n_dev} GPUs):" if several else "self-test:")
         for r in st:
-            lines.append(f"  [{'PASS' if r['ok'] else 'FAIL'}] {r['op']:<14} {r['detail']}")
+            where = f"{r.get('device')} " if several else ""
+            lines.append(f"  [{'PASS' if r['ok'] else 'FAIL'}] {where}{r['op']:<14} {r['detail']}")
     return "\n".join(lines)
 
 
@@ -175,8 +182,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m deepseek_v4_kernel doctor", description=__doc__)
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     ap.add_argument("--no-selftest", action="store_true", help="skip the GPU self-test")
+    ap.add_argument("--devices", metavar="N[,N...]",
+                    help="self-test only these CUDA device indices (default: every visible GPU)")
     args = ap.parse_args(argv)
-    d = collect(run_selftest=not args.no_selftest)
+    devices = None
+    if args.devices is not None:
+        try:
+            devices = [f"cuda:{int(i)}" for i in args.devices.split(",") if i.strip()]
+        except ValueError:
+            ap.error(f"--devices takes CUDA device indices such as 0,1, got {args.devices!r}")
+        try:
+            import torch
+
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except Exception:
+            n = 0
+        bad = [d for d in devices if int(d.split(":")[1]) >= n or int(d.split(":")[1]) < 0]
+        if bad and n:
+            ap.error(f"--devices: {', '.join(bad)} not visible ({n} CUDA device(s))")
+    d = collect(run_selftest=not args.no_selftest, devices=devices)
     print(json.dumps(d, indent=2, default=str) if args.json else format_text(d))
     st = d.get("selftest")
     return 1 if isinstance(st, list) and not all(r["ok"] for r in st) else 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 
 def _rel(out, ref) -> float:
@@ -35,14 +35,14 @@ def check_sparse_decode(device: str = "cuda") -> str:
     b, s_q, h_q, page, topk, extra_topk = 2, 2, 64, 64, 128, 192
     kv = torch.randn(8 * page, 512, generator=g).to(torch.bfloat16)
     ekv = torch.randn(4 * page, 512, generator=g).to(torch.bfloat16)
-    cache = pack_fp8_ds_mla(kv, page).cuda()
-    ecache = pack_fp8_ds_mla(ekv, page).cuda()
-    q = (torch.randn(b, s_q, h_q, 512, generator=g) * 0.5).to(torch.bfloat16).cuda()
-    idx = torch.randint(-1, kv.shape[0], (b, s_q, topk), generator=g, dtype=torch.int32).cuda()
-    eidx = torch.randint(-1, ekv.shape[0], (b, s_q, extra_topk), generator=g, dtype=torch.int32).cuda()
-    tl_ = torch.tensor([topk - 5, 37], dtype=torch.int32).cuda()
-    etl = torch.tensor([extra_topk, 101], dtype=torch.int32).cuda()
-    sink = torch.randn(h_q, generator=g).cuda()
+    cache = pack_fp8_ds_mla(kv, page).to(device)
+    ecache = pack_fp8_ds_mla(ekv, page).to(device)
+    q = (torch.randn(b, s_q, h_q, 512, generator=g) * 0.5).to(torch.bfloat16).to(device)
+    idx = torch.randint(-1, kv.shape[0], (b, s_q, topk), generator=g, dtype=torch.int32).to(device)
+    eidx = torch.randint(-1, ekv.shape[0], (b, s_q, extra_topk), generator=g, dtype=torch.int32).to(device)
+    tl_ = torch.tensor([topk - 5, 37], dtype=torch.int32).to(device)
+    etl = torch.tensor([extra_topk, 101], dtype=torch.int32).to(device)
+    sink = torch.randn(h_q, generator=g).to(device)
     kwargs = dict(topk_length=tl_, extra_k_cache=ecache, extra_indices=eidx, extra_topk_length=etl, attn_sink=sink,
                   softmax_scale=512 ** -0.5)
     out, lse = sparse_decode(q, cache, idx, **kwargs)
@@ -134,13 +134,23 @@ CHECKS: Dict[str, Callable[[], str]] = {
 }
 
 
-def run_all() -> List[dict]:
+def cuda_devices() -> List[str]:
+    import torch
+
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def run_all(devices: Optional[List[str]] = None) -> List[dict]:
+    """Every check on every device in ``devices`` (default: each visible GPU). The current device is left
+    as it is (cuda:0 unless the caller set another), so the checks on the other GPUs also show that each
+    op runs on the GPU that holds its inputs, as in a process that drives several GPUs."""
     results = []
-    for op, fn in CHECKS.items():
-        try:
-            detail = fn()
-            results.append({"op": op, "ok": True, "detail": detail})
-        except Exception as e:
-            tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
-            results.append({"op": op, "ok": False, "detail": f"{type(e).__name__}: {e} ({tb})"})
+    for dev in cuda_devices() if devices is None else devices:
+        for op, fn in CHECKS.items():
+            try:
+                detail = fn(device=dev)
+                results.append({"op": op, "device": dev, "ok": True, "detail": detail})
+            except Exception as e:
+                tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
+                results.append({"op": op, "device": dev, "ok": False, "detail": f"{type(e).__name__}: {e} ({tb})"})
     return results

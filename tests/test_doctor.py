@@ -38,6 +38,26 @@ def test_cli_usage_errors():
     assert r.returncode == 2 and "usage" in r.stderr
 
 
+def test_doctor_text_names_the_gpu_of_each_check_when_there_are_several():
+    from deepseek_v4_kernel import doctor
+
+    d = doctor.collect(run_selftest=False, import_modules=False)
+    one = [{"op": "sparse_decode", "device": "cuda:0", "ok": True, "detail": "fine"}]
+    d["selftest"] = one
+    text = doctor.format_text(d)
+    assert "self-test:\n  [PASS] sparse_decode  fine" in text  # one GPU: the output as before
+    d["selftest"] = one + [{"op": "sparse_decode", "device": "cuda:1", "ok": False, "detail": "bad"}]
+    text = doctor.format_text(d)
+    assert "self-test (on 2 GPUs):" in text
+    assert "[PASS] cuda:0 sparse_decode  fine" in text and "[FAIL] cuda:1 sparse_decode  bad" in text
+
+
+def test_doctor_devices_argument_is_checked():
+    r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "doctor", "--devices", "0,x"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "--devices takes CUDA device indices" in r.stderr, r.stderr
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU variant runs in the doctor")
 def test_selftest_indexer_check_on_cpu_interpreter():
     assert "rel err" in selftest.check_indexer_logits(device="cpu")
