@@ -191,6 +191,8 @@ def main(argv=None) -> int:
             devices = [f"cuda:{int(i)}" for i in args.devices.split(",") if i.strip()]
         except ValueError:
             ap.error(f"--devices takes CUDA device indices such as 0,1, got {args.devices!r}")
+        if not devices:
+            ap.error("--devices: no device index given (e.g. --devices 0,1)")
         try:
             import torch
 

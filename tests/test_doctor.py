@@ -56,6 +56,9 @@ def test_doctor_devices_argument_is_checked():
     r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "doctor", "--devices", "0,x"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and "--devices takes CUDA device indices" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "doctor", "--devices", ","],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "no device index given" in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU variant runs in the doctor")
