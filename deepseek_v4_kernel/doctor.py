@@ -188,10 +188,10 @@ def main(argv=None) -> int:
     devices = None
     if args.devices is not None:
         try:
-            devices = [f"cuda:{int(i)}" for i in args.devices.split(",") if i.strip()]
+            indices = [int(i) for i in args.devices.split(",") if i.strip()]
         except ValueError:
             ap.error(f"--devices takes CUDA device indices such as 0,1, got {args.devices!r}")
-        if not devices:
+        if not indices:
             ap.error("--devices: no device index given (e.g. --devices 0,1)")
         try:
             import torch
@@ -199,9 +199,10 @@ def main(argv=None) -> int:
             n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         except Exception:
             n = 0
-        bad = [d for d in devices if int(d.split(":")[1]) >= n or int(d.split(":")[1]) < 0]
+        bad = [f"cuda:{i}" for i in indices if not 0 <= i < n]
         if bad and n:
             ap.error(f"--devices: {', '.join(bad)} not visible ({n} CUDA device(s))")
+        devices = [f"cuda:{i}" for i in indices]
     d = collect(run_selftest=not args.no_selftest, devices=devices)
     print(json.dumps(d, indent=2, default=str) if args.json else format_text(d))
     st = d.get("selftest")
