@@ -34,6 +34,7 @@ _HEAD_DIM = 128
 _BLOCK_KV = 64
 _BLOCK_BYTES = _BLOCK_KV * (_HEAD_DIM + 4)  # 8448
 _FP8 = torch.float8_e4m3fn
+SMEM_LIMIT = 101376  # bytes of shared memory per block on SM120 (sm_120a)
 
 __all__ = [
     "paged_mqa_logits",
@@ -253,6 +254,22 @@ def _check_device(op: str, dev: torch.device, **tensors):
             _bad(op, f"{name} must be on {dev} (the device of q), got {t.device}")
 
 
+# Launch configurations (also what tests/test_indexer_logits.py compiles for sm_120a on the CPU: the
+# tiles must fit SM120's 101376 B of shared memory, which the H100 (227 KB) would not reveal).
+def paged_config(next_n: int, heads: int) -> Tuple[int, int, int, int]:
+    """(NP, BLOCK_T, num_warps, num_stages) of the paged kernel; NP = next_n rounded up to a power of 2."""
+    NP = _next_pow2(next_n)
+    block_t = _TUNE_PAGED.get("block_t", 128 if NP * heads <= 128 else 64)
+    num_warps = _TUNE_PAGED.get("num_warps", 4 if NP * heads * block_t <= 8192 else 8)
+    return NP, block_t, num_warps, _TUNE_PAGED.get("num_stages", 3)
+
+
+def flat_config(heads: int) -> Tuple[int, int, int, int]:
+    """(BR rows per program, BLOCK_T, num_warps, num_stages) of the flat kernel."""
+    BR = max(1, _TUNE_FLAT.get("rows_h", 128) // heads)
+    return BR, _TUNE_FLAT.get("block_t", 128), _TUNE_FLAT.get("num_warps", 8), _TUNE_FLAT.get("num_stages", 3)
+
+
 def _chunk(total_tiles: int, programs_other: int, block_t: int, device) -> int:
     """Context tiles per program: enough programs to fill the GPU, few Q reloads."""
     target = 4 * _sm_count(device)
@@ -327,10 +344,7 @@ def paged_mqa_logits(
 
     kv8 = kv_cache.view(torch.uint8).view(_FP8)
     kv32 = kv_cache.view(torch.uint8).view(-1).view(torch.float32)
-    NP = _next_pow2(N)
-    block_t = _TUNE_PAGED.get("block_t", 128 if NP * H <= 128 else 64)
-    num_warps = _TUNE_PAGED.get("num_warps", 4 if NP * H * block_t <= 8192 else 8)
-    num_stages = _TUNE_PAGED.get("num_stages", 3)
+    NP, block_t, num_warps, num_stages = paged_config(N, H)
     if "tiles" in _TUNE_PAGED:
         chunk = _TUNE_PAGED["tiles"] * block_t
     else:
@@ -395,10 +409,7 @@ def mqa_logits(
         if clean_logits:
             out.fill_(float("-inf"))
         return out
-    BR = max(1, _TUNE_FLAT.get("rows_h", 128) // H)
-    block_t = _TUNE_FLAT.get("block_t", 128)
-    num_warps = _TUNE_FLAT.get("num_warps", 8)
-    num_stages = _TUNE_FLAT.get("num_stages", 3)
+    BR, block_t, num_warps, num_stages = flat_config(H)
     n_rb = -(-M // BR)
     if "tiles" in _TUNE_FLAT:
         chunk = _TUNE_FLAT["tiles"] * block_t
