@@ -16,8 +16,9 @@
 //              warp takes part, whatever the heads per block; Q A-fragments live in registers for the whole
 //              block (16 MT registers: 64 / 32 / 16), K B-fragments via ldmatrix.x4; the warps kq >= 1 hand
 //              their partials to kq = 0 through smem (Sx at MT = 4; at MT = 2 / 1 the 3 / 7 partials go to
-//              the other K/V buffer, free from barrier C to barrier B). Shared-memory bound at MT = 4 (the 4
-//              mq warps each read the same K fragments: 128 KB of ldmatrix per tile).  -- barrier A
+//              the other K/V buffer, free from barrier C to barrier B). At MT = 4 the 4 mq warps each read
+//              the same K fragments (128 KB of ldmatrix per tile), yet halving that made the kernel slower
+//              (more instructions; it is latency-bound, docs/sparse_decode.md runs 29-32).  -- barrier A
 //     phase 2  warps kq = 0: online softmax of tile i in registers (FlashAttention-2 style: a quad owns
 //              a head row, max by quad shuffles), P -> smem bf16, alpha -> smem; then every thread waits
 //              for its copies of tile i+1.                                             -- barrier B
@@ -256,7 +257,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     nidx = slot_load(p, bi, si, pos_begin + (it + 2) * kM64Tok + gn, pos_end);
 
     // ---- phase 1: S partial: heads 16mq.., tokens 8j.., dims kDims kq + 16ks; ldmatrix.x4 = 2 k-steps of one
-    //      n-tile (MT = 4: shared-memory bound, the four m16 warps of a kq half each read the same K fragments)
+    //      n-tile (MT = 4: the four m16 warps of a kq half each read the same K fragments; see the header)
     float sacc[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
