@@ -126,7 +126,7 @@ def check_fp4_moe(device: str = "cuda", hidden: int = 4096, inter: int = 2048, e
     return f"M={M} top-{k} of {experts} experts, hidden={hidden} I={inter} ({impl}): out rel err {e:.1e}"
 
 
-CHECKS: Dict[str, Callable[[], str]] = {
+CHECKS: Dict[str, Callable[..., str]] = {   # each takes device="cuda:N"
     "sparse_decode": check_sparse_decode,
     "indexer_logits": check_indexer_logits,
     "hc_prenorm": check_hc_prenorm,

@@ -5,7 +5,7 @@ usage: python scripts/aot_fp4_moe.py [--arch 120] [--json OUT.json]
 Prints one JSON line per (kernel, impl, config) prefixed with "AOT".
 """
 import argparse
-import json
+import functools
 import os
 import sys
 
@@ -18,6 +18,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from deepseek_v4_kernel.ops import fp4_moe as op  # noqa: E402
+from aot_common import divisibility_attrs, emit  # noqa: E402  (scripts/ is sys.path[0])
 
 H, I = 4096, 2048
 
@@ -41,10 +42,6 @@ def configs(impl, labels=("decode1", "decode", "mid", "prefill")):
             c["K_PER_SPLIT"] = op.k_per_split(K, c["BK"], c["SPLIT_K"])
         out.append((label, c1, c2))
     return out
-
-
-def _attrs(fn, names):
-    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
 
 
 def compile_one(kernel, impl, c, arch, scale_f32=False):
@@ -75,7 +72,7 @@ def compile_one(kernel, impl, c, arch, scale_f32=False):
     const.update(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], IMPL=op._IMPL_CODE[impl],
                  INTERP=False, DEQ_PTX=impl == "dequant", K_PER_SPLIT=c["K_PER_SPLIT"])
     sig.update({k: "constexpr" for k in const})
-    k = triton.compile(ASTSource(fn, sig, const, _attrs(fn, div)), target=GPUTarget("cuda", arch, 32),
+    k = triton.compile(ASTSource(fn, sig, const, divisibility_attrs(fn, div)), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
     ptx = k.asm["ptx"]
     return dict(shared=k.metadata.shared, n_regs=getattr(k, "n_regs", None),
@@ -91,20 +88,14 @@ def main():
     ap.add_argument("--labels", default="decode1,decode,mid,prefill")
     ap.add_argument("--json")
     args = ap.parse_args()
-    res = []
+    cases = []
     for arch in args.arch or [120]:
         for impl in args.impls.split(","):
             for label, c1, c2 in configs(impl, args.labels.split(",")):
                 for kern, c in (("gemm1", c1), ("gemm2", c2)):
-                    rec = dict(arch=arch, label=label, impl=impl, kernel=kern, config=c)
-                    try:
-                        rec.update(compile_one(kern, impl, c, arch))
-                    except Exception as e:  # noqa: BLE001
-                        rec["error"] = (type(e).__name__ + ": " + str(e))[-600:]
-                    res.append(rec)
-                    print("AOT" + json.dumps(rec), flush=True)
-    if args.json:
-        json.dump(res, open(args.json, "w"), indent=1)
+                    cases.append((dict(arch=arch, label=label, impl=impl, kernel=kern, config=c),
+                                  functools.partial(compile_one, kern, impl, c, arch)))
+    emit(cases, args.json)
 
 
 if __name__ == "__main__":

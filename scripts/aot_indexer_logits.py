@@ -7,12 +7,10 @@ usage: python scripts/aot_indexer_logits.py [--arch 120] [--json OUT.json]
 Prints one JSON line per (kernel, shape) prefixed with "AOT".
 """
 import argparse
-import json
+import functools
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,6 +21,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from deepseek_v4_kernel.ops import indexer_logits as op  # noqa: E402
+from aot_common import divisibility_attrs, emit, resource_usage  # noqa: E402  (scripts/ is sys.path[0])
 
 HEADS = (16, 32, 64, 128)   # what the op accepts (DeepSeek-V4 Flash's indexer: 64)
 
@@ -41,11 +40,6 @@ def cases():
         for rel in (False, True):
             out.append(("flat", 0, h, "relative" if rel else "absolute"))
     return out
-
-
-def _attrs(fn, names):
-    # what the JIT specialises at SGLang's shapes (16-byte aligned tensors and strides)
-    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
 
 
 def compile_one(kernel, n, h, variant, arch):
@@ -73,7 +67,7 @@ def compile_one(kernel, n, h, variant, arch):
         div = [k for k in sig if k.endswith("_ptr")] + ["stride_qr", "stride_qh", "stride_kn", "stride_wr",
                                                           "stride_or", "chunk"]
     sig.update({k: "constexpr" for k in const})
-    k = triton.compile(ASTSource(fn, sig, const, _attrs(fn, div)), target=GPUTarget("cuda", arch, 32),
+    k = triton.compile(ASTSource(fn, sig, const, divisibility_attrs(fn, div)), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
     ptx = k.asm["ptx"]
     rec = dict(shared=k.metadata.shared, num_warps=num_warps, num_stages=num_stages, block_t=block_t,
@@ -84,36 +78,14 @@ def compile_one(kernel, n, h, variant, arch):
     return rec
 
 
-def resource_usage(cubin: bytes) -> dict:
-    """Registers and spill bytes from cuobjdump (shipped with Triton's NVIDIA backend)."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        txt = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
-    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?LOCAL:(\d+)", txt, re.S)
-    if not m:
-        raise RuntimeError("cuobjdump --dump-resource-usage: no REG/STACK/LOCAL in\n" + txt)
-    return dict(regs=int(m.group(1)), stack=int(m.group(2)), local=int(m.group(3)))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, default=120)
     ap.add_argument("--json")
     args = ap.parse_args()
-    res = []
-    for kernel, n, h, variant in cases():
-        rec = dict(arch=args.arch, kernel=kernel, next_n=n, heads=h, variant=variant)
-        try:
-            rec.update(compile_one(kernel, n, h, variant, args.arch))
-        except Exception as e:  # noqa: BLE001
-            rec["error"] = (type(e).__name__ + ": " + str(e))[-600:]
-        res.append(rec)
-        print("AOT" + json.dumps(rec), flush=True)
-    if args.json:
-        json.dump(res, open(args.json, "w"), indent=1)
+    emit([(dict(arch=args.arch, kernel=kernel, next_n=n, heads=h, variant=variant),
+           functools.partial(compile_one, kernel, n, h, variant, args.arch))
+          for kernel, n, h, variant in cases()], args.json)
 
 
 if __name__ == "__main__":
