@@ -3,7 +3,8 @@
 input sets) vs a torch GPU implementation (fp32 math) and SGLang 0.5.23's SM120 Triton fallback
 (flash_mla_sm120_triton.py from the 0.5.23 wheel that scripts/fetch_sglang_wheels.sh unpacks, or
 --sglang-triton), plus the byte/FLOP floor from copy bandwidth and a bf16 matmul rate measured in
-the same run. Writes JSON (+PNG) into --out."""
+the same run, and the share of the mma.sync ceiling (scripts/mma_peak.cu, same run: the kernel's own
+instruction class; on an H100 the matmul rate is a wgmma rate). Writes JSON (+PNG) into --out."""
 import argparse
 import importlib.util
 import json
@@ -18,6 +19,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from deepseek_v4_kernel.ops.sparse_decode import sparse_decode, choose_splits, _sm_count, resolve_impl, IMPL  # noqa: E402
+from bench_common import mma_sync_flops  # noqa: E402  (scripts/ is sys.path[0])
 
 
 def make_cache(num_tokens, page_size, gen, pad=0):
@@ -158,8 +160,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda")
     bw, flops_rate = measure_floors()
+    mma_rate = None if args.only else mma_sync_flops()
     print(f"{torch.cuda.get_device_name()}  SMs={_sm_count(dev)}  copy BW {bw / 1e12:.2f} TB/s (read+write)  "
-          f"bf16 matmul {flops_rate / 1e12:.0f} TFLOP/s")
+          f"bf16 matmul {flops_rate / 1e12:.0f} TFLOP/s  mma.sync bf16 "
+          + (f"{mma_rate / 1e12:.0f} TFLOP/s" if mma_rate else "n/a"))
     try:
         tri = load_triton_fallback(args.sglang_triton)
     except Exception as e:  # noqa: BLE001
@@ -180,7 +184,7 @@ def main():
         shapes = [tuple(int(x) for x in args.only.split(","))]
     rows = []
     hdr = f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | {'ours us':>8} {'torch us':>9} {'sgl-tri us':>10} | " \
-          f"{'x torch':>8} {'x tri':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} {'%flops':>7}" + \
+          f"{'x torch':>8} {'x tri':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} {'%flops':>7} {'%mma':>6}" + \
           "".join(f" {i + ' us':>10}" for i in impls[1:])
     print(f"ours = {impls[0]}")
     print(hdr)
@@ -242,17 +246,21 @@ def main():
         r["pct_floor"] = 100 * floor_us / r["ours_us"]
         r["pct_bytes"] = 100 * nbytes / bw / (r["ours_us"] * 1e-6)
         r["pct_flops"] = 100 * nflops / flops_rate / (r["ours_us"] * 1e-6)
+        if mma_rate:   # share of the mma.sync ceiling (the instruction class of every kernel here)
+            r["pct_mma_sync"] = 100 * nflops / mma_rate / (r["ours_us"] * 1e-6)
         rows.append(r)
         f = lambda k: f"{r[k]:.1f}" if k in r else "n/a"  # noqa: E731
         xr = lambda k: f"{r[k] / r['ours_us']:.1f}x" if k in r else "n/a"  # noqa: E731
         print(f"{b:>5} {h_q:>4} {s_q:>3} {extra:>6} {r['splits']:>5} | {f('ours_us'):>8} {f('torch_us'):>9} "
               f"{f('sgl_triton_us'):>10} | {xr('torch_us'):>8} {xr('sgl_triton_us'):>8} | {floor_us:>8.1f} "
-              f"{r['pct_floor']:>6.1f}% {r['pct_bytes']:>6.1f}% {r['pct_flops']:>6.1f}%"
+              f"{r['pct_floor']:>6.1f}% {r['pct_bytes']:>6.1f}% {r['pct_flops']:>6.1f}% "
+              + (f"{r['pct_mma_sync']:>5.1f}%" if mma_rate else f"{'n/a':>6}")
               + "".join(f" {r['us_' + i]:>10.1f}" for i in impls[1:]), flush=True)
         del sets
     if args.only:
         return
     res = dict(device=torch.cuda.get_device_name(), sms=_sm_count(dev), copy_bw_Bps=bw, bf16_flops=flops_rate,
+               mma_sync_bf16_flops=mma_rate,
                impls=impls,
                torch=torch.__version__, rows=rows, time=time.strftime("%Y-%m-%d %H:%M:%S"))
     with open(os.path.join(args.out, "bench_sparse_decode.json"), "w") as fh:
