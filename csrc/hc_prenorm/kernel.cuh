@@ -58,10 +58,31 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uin
   lo = *(const uint32_t*)&l;
 }
 
+// L2 prefetch size of the x loads (PTX .L2::64B / 128B / 256B, sm_75+, so SM90 and SM120): a lane reads
+// 16 B, a warp 64 contiguous bytes of each x row per chunk, and warps w .. w + 3 take consecutive chunks,
+// so the hint lets the L2 fetch the 256-byte segment they read next in one DRAM access. H100 run 11
+// (docs/hc_prenorm.md, same call, 2 rounds alternating): 256 B 2-4 % faster than no hint at every m from
+// 512 to 8192 (m = 1024: 20.1 -> 19.6 us; 8192: 109.9 -> 106.5), 128 B about the same as 256 B.
+// 0: no hint. (Build-time switch for A/B runs: DSV4_NVCC_FLAGS=-D...)
+#ifndef DSV4_HC_X_PREFETCH
+#define DSV4_HC_X_PREFETCH 256
+#endif
+#if DSV4_HC_X_PREFETCH == 0
+#define DSV4_HC_X_LD "ld.global.cs.v4.u32"
+#elif DSV4_HC_X_PREFETCH == 64
+#define DSV4_HC_X_LD "ld.global.cs.L2::64B.v4.u32"
+#elif DSV4_HC_X_PREFETCH == 128
+#define DSV4_HC_X_LD "ld.global.cs.L2::128B.v4.u32"
+#elif DSV4_HC_X_PREFETCH == 256
+#define DSV4_HC_X_LD "ld.global.cs.L2::256B.v4.u32"
+#else
+#error "DSV4_HC_X_PREFETCH: 0, 64, 128 or 256"
+#endif
+
 // x straight into registers, streamed (evict-first)
 __device__ __forceinline__ uint4 ld_stream(const void* ptr) {
   uint4 v;
-  asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  asm volatile(DSV4_HC_X_LD " {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
   return v;
 }
 
