@@ -80,10 +80,27 @@ static_assert(kGemm2Rows == DSV4_FP4_MOE_GEMM2_TILE, "gemm2 column tile = the co
 static_assert(kGemm1Rows * kCols <= kThreads, "gemm1 epilogue: one (gate row, slot) pair per thread");
 
 // ---- loads --------------------------------------------------------------------------------------------
+// L2 prefetch size of the weight loads (PTX .L2::64B / 128B / 256B, sm_75+): a lane reads 16 B, a warp
+// 64 contiguous bytes of a row per step, and the block's warps take consecutive steps, so the hint lets the
+// L2 fetch the segment the sibling warps read next in one DRAM access. H100 (docs/fp4_moe.md section 8,
+// same call, 2 rounds alternating): 256 B 1.5-2.5 % faster than no hint at 1 to 32 tokens (1 token 55.4 ->
+// 54.2 us). 0: no hint. (Build-time switch for A/B runs: DSV4_NVCC_FLAGS=-D...)
+#ifndef DSV4_FP4_MOE_W_PREFETCH
+#define DSV4_FP4_MOE_W_PREFETCH 256
+#endif
+#if DSV4_FP4_MOE_W_PREFETCH == 0
+#define DSV4_FP4_MOE_W_LD "ld.global.nc.L1::no_allocate.v4.u32"
+#elif DSV4_FP4_MOE_W_PREFETCH == 128
+#define DSV4_FP4_MOE_W_LD "ld.global.nc.L1::no_allocate.L2::128B.v4.u32"
+#elif DSV4_FP4_MOE_W_PREFETCH == 256
+#define DSV4_FP4_MOE_W_LD "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
+#else
+#error "DSV4_FP4_MOE_W_PREFETCH: 0, 128 or 256"
+#endif
 // Weights: read once per call, so keep them out of L1.
 __device__ __forceinline__ uint4 ld_weights(const uint8_t* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+  asm(DSV4_FP4_MOE_W_LD " {%0, %1, %2, %3}, [%4];\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
