@@ -118,3 +118,31 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("OK "), r.stdout + r.stderr
     assert int(r.stdout.split()[1]) == 8 * 65536 + 2000
+
+
+def test_mma_peak_tool_builds_for_sm120a_and_times_what_it_claims(tmp_path):
+    """scripts/mma_peak.cu gives the benches their mma.sync ceiling (bench_common.mma_sync_flops). Built for
+    sm_120a, its two loops must be what the table says: bf16 HMMA (m16n8k16) only, no other tensor-core
+    instruction, and in the S-shaped loop one LDSM per two HMMA (the compiler once hoisted / CSE'd those
+    loads out of the loop, which timed a register-only loop under the ldmatrix label)."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (set NVCC)")
+    import triton  # the cuobjdump shipped with Triton's NVIDIA backend (as scripts/aot_common.py uses)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        pytest.skip(f"no cuobjdump at {cuobjdump}")
+    exe = tmp_path / "mma_peak"
+    r = subprocess.run([nvcc, "-O3", "-gencode", "arch=compute_120a,code=sm_120a",
+                        os.path.join(ROOT, "scripts", "mma_peak.cu"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    for feed, fun in ((0, "_Z8mma_loopILi0EEvPfPxj"), (1, "_Z8mma_loopILi1EEvPfPxj")):
+        sass = subprocess.run([cuobjdump, "-sass", "-fun", fun, str(exe)], capture_output=True, text=True,
+                              check=True).stdout
+        assert "arch = sm_120a" in sass, sass[:400]
+        hmma = len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass))
+        ldsm = len(re.findall(r"\bLDSM\.16\.M88\.4\b", sass))
+        assert hmma >= 64, f"mma_loop<{feed}>: {hmma} HMMA"
+        assert not re.search(r"\b(HGMMA|UTC\w*MMA|QMMA|OMMA)\b", sass), f"mma_loop<{feed}>: other tensor ops"
+        assert ldsm == (hmma // 2 if feed else 0), f"mma_loop<{feed}>: {ldsm} LDSM for {hmma} HMMA"
