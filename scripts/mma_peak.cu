@@ -2,8 +2,9 @@
 // project uses (SM120 has no wgmma; on the H100, torch's matmul rate is a wgmma rate, which mma.sync
 // kernels cannot reach). Prints, per warps-per-scheduler count, the sustained m16n8k16 bf16 (fp32
 // accumulate) rate as TFLOP/s and as SM cycles per mma per scheduler (sub-partition), for register-only
-// operands and for B fragments fed by ldmatrix.x4 from shared memory (as the sparse-decode kernel's S and
-// PV phases do).
+// operands and for a loop shaped like the sparse-decode kernel's S phase (B fragments by ldmatrix.x4 from
+// shared memory). The mma is the extension's own helper (csrc/common/device.cuh), so this times the exact
+// instruction form the kernels issue.
 //   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_120a,code=sm_120a \
 //        scripts/mma_peak.cu -o build/mma_peak && build/mma_peak [--json FILE]
 #include <cuda_runtime.h>
@@ -11,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../csrc/common/device.cuh"   // dsv4::mma_bf16_16816
 
 #define CHECK(x)                                                                              \
   do {                                                                                        \
@@ -22,16 +25,9 @@
     }                                                                                         \
   } while (0)
 
-constexpr int kChains = 8;     // independent accumulators per warp (latency hidden within one warp)
-constexpr int kIters = 4096;   // loop trips; kChains mma each
-
-__device__ __forceinline__ void mma(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+constexpr int kChains = 8;     // independent accumulators per warp in the register mode
+constexpr int kIters = 4096;   // loop trips; 8 mma per warp and trip in both modes
+using dsv4::mma_bf16_16816;
 
 // FEED = 0: A and B in registers, kChains independent accumulators, back-to-back mma.
 // FEED = 1: shaped like the S loop of the sparse-decode kernel (kernel_mma64.cuh): 4 accumulators per warp,
@@ -68,12 +64,12 @@ __global__ void mma_loop(float* out, long long* cycles, uint32_t seed) {
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {   // 4 accumulators (token n8 tiles), as sacc[j] in the S loop
-        mma(acc[j], a, r[j]);
-        mma(acc[j], a2, r[j] + 2);
+        mma_bf16_16816(acc[j], a, r[j]);
+        mma_bf16_16816(acc[j], a2, r[j] + 2);
       }
     } else {
 #pragma unroll
-      for (int c = 0; c < kChains; ++c) mma(acc[c], a, b);
+      for (int c = 0; c < kChains; ++c) mma_bf16_16816(acc[c], a, b);
     }
   }
   const long long t1 = clock64();
@@ -121,7 +117,7 @@ int main(int argc, char** argv) {
       CHECK(cudaMemcpy(hc, cyc, (size_t)sms * sizeof(long long), cudaMemcpyDeviceToHost));
       double cmax = 0;
       for (int i = 0; i < sms; ++i) cmax = hc[i] > cmax ? (double)hc[i] : cmax;
-      const double mmas_per_sched = (double)wps * kIters * 8;   // 8 mma per warp and trip in both modes   // one scheduler's share of a block
+      const double mmas_per_sched = (double)wps * kIters * 8;   // one scheduler's share of a block
       const double flops = (double)sms * 4 * mmas_per_sched * 16 * 8 * 16 * 2;
       const double tflops = flops / (best_ms * 1e-3) / 1e12;
       const double cpm = cmax / mmas_per_sched;

@@ -82,7 +82,7 @@ static_assert(kGemm1Rows * kCols <= kThreads, "gemm1 epilogue: one (gate row, sl
 // ---- loads --------------------------------------------------------------------------------------------
 // L2 prefetch size of the weight loads (PTX .L2::64B / 128B / 256B, sm_75+): a lane reads 16 B, a warp
 // 64 contiguous bytes of a row per step, and the block's warps take consecutive steps, so the hint lets the
-// L2 fetch the segment the sibling warps read next in one DRAM access. H100 (docs/fp4_moe.md section 8,
+// L2 fetch the segment the sibling warps read next in one DRAM access. H100 (docs/fp4_moe.md run 14,
 // same call, 2 rounds alternating): 256 B 1.5-2.5 % faster than no hint at 1 to 32 tokens (1 token 55.4 ->
 // 54.2 us). 0: no hint. (Build-time switch for A/B runs: DSV4_NVCC_FLAGS=-D...)
 #ifndef DSV4_FP4_MOE_W_PREFETCH
