@@ -55,7 +55,9 @@ __global__ void mma_loop(float* out, long long* cycles, uint32_t seed) {
       // column half of the row (16 bf16 = 32 B) from a hash of the trip: addresses the compiler cannot see
       // repeat, so every ldmatrix stays in the loop (with `it & 1` they were CSE'd across unrolled trips)
       const uint32_t col = (((uint32_t)it * 2654435761u) >> 31) * 32u;
-      uint32_t r[4][4];   // the step's four fragments first, then its mma (as ptxas schedules the S loop)
+      // the step's four fragments, then its mma; ptxas still consumes each fragment right after its load here
+      // (the kernel's S loop keeps several in flight), so this rate is a pessimistic bound for that loop
+      uint32_t r[4][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t addr = base + (uint32_t)(j * 16 * 40 * 2) + col;
