@@ -130,8 +130,11 @@ def test_impl_codes_match_the_c_side():
     launcher = open(os.path.join(root, "sparse_decode", "sparse_decode.cu")).read()
     for name in ("mma64h16", "mma64h32"):
         mt = sd.HEAD_TILE[name] // 16
-        assert f"p.impl == {sd.IMPL_CODE[name]} ? sparse_decode_mma64_kernel<{mt}>" in launcher, name
-    assert "sparse_decode_mma64_kernel<4>" in launcher and sd.HEAD_TILE["mma64"] == 64
+        assert re.search(rf"p\.impl == {sd.IMPL_CODE[name]}\s*\? sparse_decode_mma64_kernel<{mt}, true>", launcher), name
+    # 64 heads: the swizzled K/V layout for split launches, the padded one without splits
+    assert re.search(r"p\.num_splits > 1 \? sparse_decode_mma64_kernel<4, true>\s*: sparse_decode_mma64_kernel<4, false>",
+                     launcher)
+    assert sd.HEAD_TILE["mma64"] == 64
 
 
 def test_choose_splits_shapes_only():

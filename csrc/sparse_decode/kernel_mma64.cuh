@@ -40,19 +40,30 @@ constexpr int kM64StageData = kM64Tok * kRowBytes;              // 18432 B raw d
 constexpr int kM64StageScale = kM64Tok * kScaleBytes;           //   256 B scale rows
 constexpr int kM64StageBytes = kM64StageData + kM64StageScale + kM64Tok * 4;   // + valid flags = 18816 B
 constexpr int kSxPitch = kM64Tok + 8;                           // fp32 per Sx row (conflict-free float2)
-constexpr int kM64KTile = kM64Tok * kKPitch;                    // bf16 elements per K/V buffer
+// K/V buffer layouts (template SWZ): rows of kKPitch bf16 (1040 B), or, swizzled, rows of 1024 B in which the
+// 16-byte unit u of row (token) n sits at unit (u & ~7) | ((u ^ n) & 7). ldmatrix reads 8 consecutive rows at one
+// unit and is conflict-free in both; the dequantisation's 16-byte stores (lane = row) are 2-way conflicted in
+// the padded layout for every unit order that keeps its staging-row reads conflict-free, and conflict-free in
+// the swizzled one with the unit orders in dequant_piece. H100, docs/sparse_decode.md runs 36-37: swizzled is
+// 3-5.5 % faster at b = 1-2 (b = 1, h_q 64, extra 512: 8.8 -> 8.3 us) and 1-3 % for 16 / 32-head blocks at
+// b = 128, within +-1 % at b = 4..32, and 1-2 % slower for unsplit 64-head blocks (b >= 128), so the launcher
+// takes it for every launch but the latter.
+constexpr int kM64KTile = kM64Tok * kKPitch;                    // bf16 elements per K/V buffer (the larger layout)
 constexpr int kM64SmemRing = kM64StageBytes;                    // 18816 B (one staging stage)
-constexpr int kM64SmemK = 2 * kM64KTile * 2;                    // 66560 B (two bf16 K/V tiles, pitch 520)
+constexpr int kM64SmemK = 2 * kM64KTile * 2;                    // 66560 B (two bf16 K/V tiles, pitch 520; swizzled: 65536 B used)
 constexpr int kM64SmemSx = kM64Heads * kSxPitch * 4;            // 10240 B (partial S of kq = 1 at MT = 4; final m, l)
 constexpr int kM64SmemP = kM64Heads * kPPitch * 2;              //  5120 B (P, bf16, pitch 40)
 constexpr int kM64SmemStats = kM64Heads * 4 + 2 * kM64Tok * 4;  //   512 B (alpha; valid flags per K/V buffer)
-constexpr int kM64SmemBytes = kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP + kM64SmemStats;  // 101248 B
+// + 128 B of slack: the kernel aligns its regions to 128 bytes itself (the swizzled addresses below are XORs,
+// exact only on 128-byte-aligned rows; the declared alignment of dynamic shared memory is 16 bytes)
+constexpr int kM64SmemBytes = kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP + kM64SmemStats + 128;  // 101376 B
 static_assert(kM64SmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
 static_assert(kM64Threads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
 static_assert(kM64StageBytes % 16 == 0 && kM64SmemK % 16 == 0, "smem regions must stay 16-byte aligned");
 static_assert(2 * kM64Heads <= kM64Heads * kSxPitch, "final m, l alias the Sx region");
 // MT < 4: the 8 / MT - 1 partials of S (16 MT rows each, pitch kSxPitch floats) live in the idle K/V buffer
-static_assert((8 - 1) * 16 * kSxPitch * 4 <= kM64KTile * 2, "MT = 1 S partials fit one K/V buffer");
+static_assert((8 - 1) * 16 * kSxPitch * 4 <= kM64Tok * kDim * 2, "MT = 1 S partials fit one K/V buffer");
+static_assert(kM64SmemRing % 128 == 0, "the swizzled K/V rows start on 128-byte bank-group boundaries");
 
 // 16 / 8 bytes global -> shared, asynchronous; src_bytes = 0 writes zeros and reads nothing (the
 // slot is invalid: its staged row becomes all zeros, so the dequantisation needs no branch)
@@ -71,6 +82,18 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* smem_ptr) {
   const uint32_t addr = (uint32_t)__cvta_generic_to_shared(smem_ptr);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// the same from a 32-bit shared-memory address (the swizzled layout's addresses are computed in that space)
+__device__ __forceinline__ void ldsm_x4(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
@@ -95,11 +118,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // MT: m16 tiles with real heads (4: 64 heads per block; 2 / 1: 32 / 16, impl 3 / 4). With MT < 4 the rows
 // beyond the block's heads are skipped (no S, softmax or PV on them) instead of computed as zero rows.
-template <int MT>
+// SWZ: the swizzled K/V layout (see kM64KTile).
+template <int MT, bool SWZ>
 __global__ void __launch_bounds__(kM64Threads, 1)
 sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   static_assert(MT == 4 || MT == 2 || MT == 1, "m16 tiles per block: 4, 2 or 1");
-  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kPitchKV = SWZ ? kDim : kKPitch;   // bf16 elements per K/V row
+  constexpr int kTileKV = kM64Tok * kPitchKV;      // bf16 elements per K/V buffer
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* const smem = smem_raw + ((128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u);
   pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
   pdl_wait();                // inputs written by the previous kernel of the stream are visible
   unsigned char* ring = smem;                                             // staging rows of one tile
@@ -169,24 +196,30 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   auto dequant_piece = [&](int c, int buf, int step) {
     const int n = lane;
     if (c == 0 && step == 0) Vf[buf * kM64Tok + n] = ((const int*)(ring + kM64StageData + kM64StageScale))[n];
-    unsigned char* dst = (unsigned char*)(Kb + buf * kM64KTile + n * kKPitch + c * 64);
+    unsigned char* dst = (unsigned char*)(Kb + buf * kTileKV + n * kPitchKV + c * 64);
     if (c < 7) {
       // NoPE: 16 fp8 (16 B in) -> 16 bf16 (32 B out) on the even steps
       if (step & 1) return;
       const float sc = ue8m0_to_float(ring[kM64StageData + n * kScaleBytes + c]);
-      const int kk = ((step >> 1) + (n >> 1)) & 3;
+      // staging unit kk: the reads of a quarter warp need kk distinct among the rows of one parity; swizzled,
+      // the stores (units 2 kk, 2 kk + 1 at 2 kk ^ n, 2 kk + 1 ^ n) need kk ^ m distinct too (m = n / 2 % 4):
+      // kk = sigma(m) ^ (step / 2) with sigma = (0, 2, 3, 1), for which sigma(m) and sigma(m) ^ m are both
+      // permutations of 0..3 (multiplication by a generator of GF(4))
+      const int kk = SWZ ? ((0x78 >> (2 * ((n >> 1) & 3))) & 3) ^ (step >> 1) : ((step >> 1) + (n >> 1)) & 3;
       const uint4 raw = *(const uint4*)(ring + n * kRowBytes + c * 64 + 16 * kk);
       uint4 o0, o1;
       o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
       o0.z = e4m3x2_to_bf16x2(raw.y, sc); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, sc);
       o1.x = e4m3x2_to_bf16x2(raw.z, sc); o1.y = e4m3x2_to_bf16x2(raw.z >> 16, sc);
       o1.z = e4m3x2_to_bf16x2(raw.w, sc); o1.w = e4m3x2_to_bf16x2(raw.w >> 16, sc);
-      ((uint4*)dst)[2 * kk] = o0;
-      ((uint4*)dst)[2 * kk + 1] = o1;
+      const int sw = SWZ ? (n & 7) : 0;
+      ((uint4*)dst)[(2 * kk) ^ sw] = o0;
+      ((uint4*)dst)[(2 * kk + 1) ^ sw] = o1;
     } else {
-      // RoPE: a bf16 copy, 16 B per step
-      const int kk = (step + (n >> 1)) & 7;
-      ((uint4*)dst)[kk] = *(const uint4*)(ring + n * kRowBytes + kNope + 16 * kk);
+      // RoPE: a bf16 copy, 16 B per step (swizzled: kk ^ 4 (n & 1), the staging read's bank group, and kk ^ n,
+      // the store's, are both distinct over a quarter warp)
+      const int kk = SWZ ? ((n >> 1) & 3) ^ step : (step + (n >> 1)) & 7;
+      ((uint4*)dst)[SWZ ? kk ^ (n & 7) : kk] = *(const uint4*)(ring + n * kRowBytes + kNope + 16 * kk);
     }
   };
   auto dequant_chunk = [&](int c, int buf) {
@@ -244,7 +277,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 
   for (int64_t it = 0; it < ntiles; ++it) {
     const int buf = (int)(it & 1);
-    const __nv_bfloat16* Ks = Kb + buf * kM64KTile;
+    const __nv_bfloat16* Ks = Kb + buf * kTileKV;
     const int* vf = Vf + buf * kM64Tok;
     const bool has_next = it + 1 < ntiles;
 
@@ -262,13 +295,25 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
     {
-      const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + kDims * kq + 8 * (lane >> 3);
+      // lane address: row (lane & 7) + 8 j, unit kDims kq / 8 + 2 ks + (lane >> 3); swizzled, with ks even the
+      // in-group part (2 ks % 8) + (lane >> 3) is (2 ks % 8) ^ (lane >> 3), so its XOR with the row is
+      // (2 ks % 8) ^ cl: two lane addresses, kb0 and kb4
+      const int cl = (lane >> 3) ^ (lane & 7);
+      const uint32_t kb0 = (uint32_t)__cvta_generic_to_shared(Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * cl);
+      const uint32_t kb4 = kb0 ^ 64u;   // unit cl ^ 4 (the row address is 128-byte aligned)
+      const __nv_bfloat16* kb = Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * (lane >> 3);
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ks += 2) {
+      for (int i = 0; i < kKSteps / 2; ++i) {
+        // swizzled: the k16 pairs with 2 ks % 8 = 0 first (kb0), then those with 4 (kb4): one of the two lane
+        // addresses is live at a time (the other order cost the 64-head sm_120a build a 4-byte spill)
+        const int ks = !SWZ ? 2 * i : i < kKSteps / 4 ? 4 * i : 4 * (i - kKSteps / 4) + 2;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t b[4];
-          ldmatrix_x4(b, kb + j * 8 * kKPitch + ks * 16);
+          if constexpr (SWZ)
+            ldsm_x4(b, ((ks & 2) ? kb4 : kb0) + 2 * (j * 8 * kPitchKV + (ks & ~3) * 16));
+          else
+            ldmatrix_x4(b, kb + j * 8 * kPitchKV + ks * 16);
           mma_bf16_16816(sacc[j], qf[ks], b);
           mma_bf16_16816(sacc[j], qf[ks + 1], b + 2);
         }
@@ -277,7 +322,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     // partials of the warps kq >= 1: rows ((kq - 1) MT + mq) 16 + g of Sx (MT = 4) or of the K/V buffer that
     // holds no tile now (MT < 4: tile it-1 was consumed by PV before barrier C, tile it+1 is written into it
     // only after barrier B)
-    float* const sxp = MT == 4 ? Sx : (float*)(Kb + (buf ^ 1) * kM64KTile);
+    float* const sxp = MT == 4 ? Sx : (float*)(Kb + (buf ^ 1) * kTileKV);
     if (kq > 0) {
       float* sx = sxp + (((kq - 1) * MT + mq) * 16 + g) * kSxPitch + 2 * t4;
 #pragma unroll
@@ -356,11 +401,18 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
           ldmatrix_x4(pa[m], Ps + (m * 16 + (lane & 15)) * kPPitch + kk + 8 * (lane >> 4));
-        const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kKPitch + 64 * warp + 8 * (lane >> 4);
+        // unit 8 warp + (lane >> 4) + 2 np = 8 warp + ((lane >> 4) ^ 2 np); the row's low 3 bits are lane & 7
+        const int cv = (lane >> 4) ^ (lane & 7);
+        // lane address of unit cv; unit cv ^ 2 np is an XOR of the address (the row address is 128-byte aligned)
+        const uint32_t vsw = (uint32_t)__cvta_generic_to_shared(Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp) + 16 * cv;
+        const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp + 8 * (lane >> 4);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           uint32_t bb[4];
-          ldmatrix_x4_trans(bb, vrow + 16 * np);
+          if constexpr (SWZ)
+            ldsm_x4_trans(bb, vsw ^ (32u * np));
+          else
+            ldmatrix_x4_trans(bb, vrow + 16 * np);
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
             mma_bf16_16816(acc[m][2 * np], pa[m], bb);

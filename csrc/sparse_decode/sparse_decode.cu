@@ -21,12 +21,11 @@ static cudaError_t ensure_smem_attr() {
   if (e != cudaSuccess) return e;
   e = cudaFuncSetAttribute(sparse_decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSmemBytes);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(sparse_decode_mma64_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
-  if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(sparse_decode_mma64_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
-  if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(sparse_decode_mma64_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
-  if (e != cudaSuccess) return e;
+  for (auto k : {sparse_decode_mma64_kernel<4, false>, sparse_decode_mma64_kernel<4, true>,
+                 sparse_decode_mma64_kernel<2, true>, sparse_decode_mma64_kernel<1, true>}) {
+    e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
+    if (e != cudaSuccess) return e;
+  }
   int major = 0;
   e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e != cudaSuccess) return e;
@@ -51,8 +50,11 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
     const int64_t head_blocks = (p.h_q + hpb - 1) / hpb;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits);
-    e = launch_kernel(p.impl == 4 ? sparse_decode_mma64_kernel<1> : p.impl == 3 ? sparse_decode_mma64_kernel<2>
-                                                                             : sparse_decode_mma64_kernel<4>,
+    // K/V layout: swizzled except for unsplit 64-head blocks (kernel_mma64.cuh, kM64KTile; H100 run 36)
+    e = launch_kernel(p.impl == 4   ? sparse_decode_mma64_kernel<1, true>
+                      : p.impl == 3 ? sparse_decode_mma64_kernel<2, true>
+                      : p.num_splits > 1 ? sparse_decode_mma64_kernel<4, true>
+                                         : sparse_decode_mma64_kernel<4, false>,
                       grid, kM64Threads, kM64SmemBytes, pdl, stream, p);
   } else if (p.impl == 1) {
     const int head_tiles = (int)((p.h_q + kMmaHeads - 1) / kMmaHeads);
