@@ -54,7 +54,7 @@ constexpr int kM64SmemK = 2 * kM64KTile * 2;                    // 66560 B (two 
 constexpr int kM64SmemSx = kM64Heads * kSxPitch * 4;            // 10240 B (partial S of kq = 1 at MT = 4; final m, l)
 constexpr int kM64SmemP = kM64Heads * kPPitch * 2;              //  5120 B (P, bf16, pitch 40)
 constexpr int kM64SmemStats = kM64Heads * 4 + 2 * kM64Tok * 4;  //   512 B (alpha; valid flags per K/V buffer)
-// + 128 B of slack: the kernel aligns its regions to 128 bytes itself (the swizzled addresses below are XORs,
+// + 128 B of slack: the swizzled kernels align their regions to 128 bytes themselves (their addresses are XORs,
 // exact only on 128-byte-aligned rows; the declared alignment of dynamic shared memory is 16 bytes)
 constexpr int kM64SmemBytes = kM64SmemRing + kM64SmemK + kM64SmemSx + kM64SmemP + kM64SmemStats + 128;  // 101376 B
 static_assert(kM64SmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
@@ -126,7 +126,9 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   constexpr int kPitchKV = SWZ ? kDim : kKPitch;   // bf16 elements per K/V row
   constexpr int kTileKV = kM64Tok * kPitchKV;      // bf16 elements per K/V buffer
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* const smem = smem_raw + ((128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u);
+  // swizzled: regions aligned to 128 bytes here (the XOR addresses below need it); padded: as allocated
+  unsigned char* const smem =
+      SWZ ? smem_raw + ((128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u) : smem_raw;
   pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
   pdl_wait();                // inputs written by the previous kernel of the stream are visible
   unsigned char* ring = smem;                                             // staging rows of one tile
@@ -299,9 +301,10 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       // in-group part (2 ks % 8) + (lane >> 3) is (2 ks % 8) ^ (lane >> 3), so its XOR with the row is
       // (2 ks % 8) ^ cl: two lane addresses, kb0 and kb4
       const int cl = (lane >> 3) ^ (lane & 7);
-      const uint32_t kb0 = (uint32_t)__cvta_generic_to_shared(Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * cl);
-      const uint32_t kb4 = kb0 ^ 64u;   // unit cl ^ 4 (the row address is 128-byte aligned)
-      const __nv_bfloat16* kb = Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * (lane >> 3);
+      [[maybe_unused]] const uint32_t kb0 =
+          (uint32_t)__cvta_generic_to_shared(Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * cl);
+      [[maybe_unused]] const uint32_t kb4 = kb0 ^ 64u;   // unit cl ^ 4 (the row address is 128-byte aligned)
+      [[maybe_unused]] const __nv_bfloat16* kb = Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * (lane >> 3);
 #pragma unroll
       for (int i = 0; i < kKSteps / 2; ++i) {
         // swizzled: the k16 pairs with 2 ks % 8 = 0 first (kb0), then those with 4 (kb4): one of the two lane
@@ -404,8 +407,9 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
         // unit 8 warp + (lane >> 4) + 2 np = 8 warp + ((lane >> 4) ^ 2 np); the row's low 3 bits are lane & 7
         const int cv = (lane >> 4) ^ (lane & 7);
         // lane address of unit cv; unit cv ^ 2 np is an XOR of the address (the row address is 128-byte aligned)
-        const uint32_t vsw = (uint32_t)__cvta_generic_to_shared(Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp) + 16 * cv;
-        const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp + 8 * (lane >> 4);
+        [[maybe_unused]] const uint32_t vsw =
+            (uint32_t)__cvta_generic_to_shared(Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp) + 16 * cv;
+        [[maybe_unused]] const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp + 8 * (lane >> 4);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           uint32_t bb[4];
