@@ -306,10 +306,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       [[maybe_unused]] const uint32_t kb4 = kb0 ^ 64u;   // unit cl ^ 4 (the row address is 128-byte aligned)
       [[maybe_unused]] const __nv_bfloat16* kb = Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * (lane >> 3);
 #pragma unroll
-      for (int i = 0; i < kKSteps / 2; ++i) {
-        // swizzled: the k16 pairs with 2 ks % 8 = 0 first (kb0), then those with 4 (kb4): one of the two lane
-        // addresses is live at a time (the other order cost the 64-head sm_120a build a 4-byte spill)
-        const int ks = !SWZ ? 2 * i : i < kKSteps / 4 ? 4 * i : 4 * (i - kKSteps / 4) + 2;
+      for (int ks = 0; ks < kKSteps; ks += 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t b[4];

@@ -50,7 +50,7 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
     const int64_t head_blocks = (p.h_q + hpb - 1) / hpb;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits);
-    // K/V layout: swizzled except for unsplit 64-head blocks (kernel_mma64.cuh, kM64KTile; H100 run 36)
+    // K/V layout: swizzled except for unsplit 64-head blocks (kernel_mma64.cuh, kM64KTile; H100 runs 36-37)
     e = launch_kernel(p.impl == 4   ? sparse_decode_mma64_kernel<1, true>
                       : p.impl == 3 ? sparse_decode_mma64_kernel<2, true>
                       : p.num_splits > 1 ? sparse_decode_mma64_kernel<4, true>
