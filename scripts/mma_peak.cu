@@ -3,8 +3,8 @@
 // kernels cannot reach). Prints, per warps-per-scheduler count, the sustained m16n8k16 bf16 (fp32
 // accumulate) rate as TFLOP/s and as SM cycles per mma per scheduler (sub-partition), for register-only
 // operands and for a loop shaped like the sparse-decode kernel's S phase (B fragments by ldmatrix.x4 from
-// shared memory). The mma is the extension's own helper (csrc/common/device.cuh), so this times the exact
-// instruction form the kernels issue.
+// shared memory). The mma and ldmatrix are the extension's own helpers (csrc/common/device.cuh), so this
+// times the exact instruction forms the kernels issue.
 //   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_120a,code=sm_120a \
 //        scripts/mma_peak.cu -o build/mma_peak && build/mma_peak [--json FILE]
 #include <cuda_runtime.h>
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../csrc/common/device.cuh"   // dsv4::mma_bf16_16816
+#include "../csrc/common/device.cuh"   // dsv4::mma_bf16_16816, dsv4::ldsm_x4
 
 #define CHECK(x)                                                                              \
   do {                                                                                        \
@@ -27,6 +27,7 @@
 
 constexpr int kChains = 8;     // independent accumulators per warp in the register mode
 constexpr int kIters = 4096;   // loop trips; 8 mma per warp and trip in both modes
+using dsv4::ldsm_x4;
 using dsv4::mma_bf16_16816;
 
 // FEED = 0: A and B in registers, kChains independent accumulators, back-to-back mma.
@@ -61,8 +62,7 @@ __global__ void mma_loop(float* out, long long* cycles, uint32_t seed) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t addr = base + (uint32_t)(j * 16 * 40 * 2) + col;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[j][0]), "=r"(r[j][1]), "=r"(r[j][2]), "=r"(r[j][3]) : "r"(addr));
+        ldsm_x4(r[j], addr);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {   // 4 accumulators (token n8 tiles), as sacc[j] in the S loop

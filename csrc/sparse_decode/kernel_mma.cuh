@@ -23,17 +23,7 @@ constexpr int kMmaSmemStats = 3 * kMmaHeads * 4 + kTokTile * 4;
 constexpr int kMmaSmemBytes = kMmaSmemK + kMmaSmemQ + kMmaSmemS + kMmaSmemP + kMmaSmemStats;
 static_assert(kMmaSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
 
-// ldmatrix x4 (and .trans) from a 32-bit shared-memory address, and from a generic pointer to shared memory
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
+// ldmatrix x4 (and .trans) from a generic pointer to shared memory (ldsm_x4 / ldsm_x4_trans: common/device.cuh)
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* smem_ptr) {
   ldsm_x4(r, (uint32_t)__cvta_generic_to_shared(smem_ptr));
 }
