@@ -95,6 +95,13 @@ def test_empty_splits_write_zero(device):
     hp.tf32_hc_prenorm_gemm(x, fn, out, sq, num_splits=4)
     assert (out[2:] == 0).all() and (sq[2:] == 0).all()
     _check(x, fn, out, sq, 4)
+    # the kFast kernel with a strided sqrsum (its out rows are float4 stores, its sqrsum values scalar ones)
+    x, fn = _inputs(150, 256, n=24, device="cuda", seed=7)
+    out = torch.full((4, 150, 24), float("nan"), device="cuda")
+    sqb = torch.full((150, 4), float("nan"), device="cuda")
+    hp.hc_prenorm_gemm(x, fn, out, sqb.T, 4, impl="cuda", _config={"p": 1})
+    torch.cuda.synchronize()
+    _check(x, fn, out, sqb.T, 4)
 
 
 def test_odd_n_strided_out_and_2d_out_with_one_split(device):
@@ -243,6 +250,11 @@ def test_gpu_full_k(monkeypatch, m, num_splits, impl):
     (512, 16384, 24, None, 1), (512, 16384, 24, None, 7), (100, 16384, 24, 2, 64),
     (4097, 16384, 24, None, None), (2048, 16384, 24, 4, None), (300, 1000, 24, 3, 5),
     (70, 200, 13, 2, 2), (64, 128, 24, 4, 3), (33, 16384, 1, 64, None), (129, 16384, 17, 1, 8),
+    # the kFast kernel (csrc/hc_prenorm/kernel.cuh; P = 1, m >= 64, K % 32 == 0, n = 24, contiguous out):
+    # m = 64 exactly, a last tile shifted back by 63 / 1 rows, K % 64 == 32 (a short last 64-block), splits
+    # that are empty (S > K / 64), 2-D out
+    (64, 16384, 24, 3, 1), (65, 16384, 24, None, 1), (127, 1024, 24, 2, 1), (1000, 2080, 24, 5, 1),
+    (129, 128, 24, 4, 1), (4095, 16384, 24, 2, None),
 ])
 def test_gpu_cuda_kernel(m, K, n, num_splits, p):
     x, fn = _inputs(m, K, n=n, device="cuda", seed=m + K + n)

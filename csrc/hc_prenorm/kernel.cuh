@@ -25,6 +25,7 @@
 // graph-safe.
 #pragma once
 #include <cuda_bf16.h>
+#include <type_traits>
 #include "common/device.cuh"
 #include "hc_prenorm/params.h"
 
@@ -86,6 +87,16 @@ __device__ __forceinline__ uint4 ld_stream(const void* ptr) {
   return v;
 }
 
+// kFast (the launcher's choice, hc_prenorm.cu): P == 1 (no sub-slices), m >= 64, K % 32 == 0, n == 24, out
+// row-contiguous (out [S, m, 24] with unit n stride, 16-byte aligned base and S stride), i.e. SGLang's calls
+// with its own splits. Then no load carries a predicate but the chunk count: the last m tile is shifted
+// back to end at row m (it recomputes rows of the tile before it and stores only its own), every chunk is
+// whole and all 24 fn rows exist; and the block's out rows leave shared memory as float4 sums and float4
+// stores. H100 (docs/hc_prenorm.md run 13, scripts/hc_stream_probe.cu, m = 512, 16 splits): 11.4 -> 10.0 us;
+// the scalar store loop of the general epilogue alone was ~1.2 us. P > 1 stays on the general kernel: with
+// the sub-slice hand-off in the kFast kernel too, its sm_120a build spilled (4-16 B; the main loop is at the
+// 255-register limit).
+template <bool kFast>
 __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenormParams p) {
   __shared__ __align__(16) float red[kWarps / 2][kPart];
   __shared__ int s_last;
@@ -95,42 +106,70 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t mt = blockIdx.x, m_tiles = gridDim.x;
   const int64_t row0 = mt * kRows;
-  const int64_t P = p.sub_splits, S = p.num_splits;
-  const int64_t s = blockIdx.y / P, q = blockIdx.y - s * P;
+  // rows computed: [rb, rb + 64); kFast: the last tile ends at row m
+  const int64_t rb = kFast ? min(row0, p.m - kRows) : row0;
   // K range: DeepGEMM's partition of the 64-wide blocks over the S splits (the first nb % S get one
-  // more), then the same partition of split s over its P sub-slices; a range may be empty
-  const int64_t nb = (p.K + kKBlock - 1) / kKBlock;
-  const int64_t b0 = s * (nb / S) + min(s, nb % S), bc = nb / S + (s < nb % S ? 1 : 0);
-  const int64_t c0 = b0 + q * (bc / P) + min(q, bc % P), cc = bc / P + (q < bc % P ? 1 : 0);
-  const int64_t kbeg = c0 * kKBlock, kend = min((c0 + cc) * kKBlock, p.K);
+  // more), then the same partition of split s over its P sub-slices; a range may be empty. kFast: in
+  // 32-bit (the operands fit: nb < 2^31, S * P < 2^16), where the sm_120a build spills with int64 (16 B);
+  // the general kernel keeps int64, with which its sm_90a build spills less (16 B, not 28) and is 3-6 %
+  // faster on the H100 (run 13).
+  using PI = typename std::conditional<kFast, int, int64_t>::type;
+  const PI P = (PI)p.sub_splits, S = (PI)p.num_splits;
+  const PI s = (PI)blockIdx.y / P, q = (PI)blockIdx.y - s * P;
+  const PI nb = (PI)((p.K + kKBlock - 1) / kKBlock);
+  const PI b0 = s * (nb / S) + min(s, nb % S), bc = nb / S + (s < nb % S ? 1 : 0);
+  const PI c0 = b0 + q * (bc / P) + min(q, bc % P), cc = bc / P + (q < bc % P ? 1 : 0);
+  const int64_t kbeg = (int64_t)c0 * kKBlock, kend = min((int64_t)(c0 + cc) * kKBlock, p.K);
   const int nchunks = kend > kbeg ? (int)((kend - kbeg + kChunk - 1) / kChunk) : 0;
 
   const __nv_bfloat16* xb = (const __nv_bfloat16*)p.x;
-  // chunk c: lane's 8 k values k0 + 8 t4 .. + 7 of x rows row0 + 8 j + g and of fn rows g, g + 8, g + 16
+  // kFast: the lane's x row rb + g and fn row g at chunk 0; rows 8 j + g and 8 rr + g are multiples of
+  // xs8 / fs8 further
+  const __nv_bfloat16* xl = xb + (rb + g) * p.x_stride + kbeg + 8 * t4;
+  const int64_t xs8 = 8 * p.x_stride;
+  const float* fl = p.fn + (int64_t)g * p.fn_stride + kbeg + 8 * t4;
+  const int64_t fs8 = 8 * p.fn_stride;
+  // chunk c: lane's 8 k values k0 + 8 t4 .. + 7 of x rows rb + 8 j + g and of fn rows g, g + 8, g + 16
   // (K % 8 == 0 and kend is a multiple of 8, so the 8 values are all in range or all out; out of range,
   // out-of-bounds rows and fn rows >= n load zeros, which add nothing)
   auto load_x = [&](int c, uint4 (&xv)[kTiles]) {
-    const int64_t k = kbeg + (int64_t)c * kChunk + 8 * t4;
-    const bool kok = c < nchunks && k + 8 <= kend;
+    if (kFast) {
+      const bool ok = c < nchunks;
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      const int64_t r = row0 + 8 * j + g;
-      xv[j] = (kok && r < p.m) ? ld_stream(xb + r * p.x_stride + k) : make_uint4(0u, 0u, 0u, 0u);
+      for (int j = 0; j < kTiles; ++j)
+        xv[j] = ok ? ld_stream(xl + j * xs8 + (int64_t)c * kChunk) : make_uint4(0u, 0u, 0u, 0u);
+    } else {
+      const int64_t k = kbeg + (int64_t)c * kChunk + 8 * t4;
+      const bool kok = c < nchunks && k + 8 <= kend;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const int64_t r = row0 + 8 * j + g;
+        xv[j] = (kok && r < p.m) ? ld_stream(xb + r * p.x_stride + k) : make_uint4(0u, 0u, 0u, 0u);
+      }
     }
   };
   auto load_fn = [&](int c, float4 (&fv)[3][2]) {
-    const int64_t k = kbeg + (int64_t)c * kChunk + 8 * t4;
-    const bool kok = c < nchunks && k + 8 <= kend;
+    if (kFast) {
+      const bool ok = c < nchunks;
 #pragma unroll
-    for (int rr = 0; rr < 3; ++rr) {
-      const int jr = g + 8 * rr;
-      const float* f = p.fn + (int64_t)jr * p.fn_stride + k;
-      const bool ok = kok && jr < p.n;
-      fv[rr][0] = ok ? __ldg((const float4*)f) : make_float4(0.f, 0.f, 0.f, 0.f);
-      fv[rr][1] = ok ? __ldg((const float4*)(f + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int rr = 0; rr < 3; ++rr) {
+        const float* f = fl + rr * fs8 + (int64_t)c * kChunk;
+        fv[rr][0] = ok ? __ldg((const float4*)f) : make_float4(0.f, 0.f, 0.f, 0.f);
+        fv[rr][1] = ok ? __ldg((const float4*)(f + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    } else {
+      const int64_t k = kbeg + (int64_t)c * kChunk + 8 * t4;
+      const bool kok = c < nchunks && k + 8 <= kend;
+#pragma unroll
+      for (int rr = 0; rr < 3; ++rr) {
+        const int jr = g + 8 * rr;
+        const float* f = p.fn + (int64_t)jr * p.fn_stride + k;
+        const bool ok = kok && jr < p.n;
+        fv[rr][0] = ok ? __ldg((const float4*)f) : make_float4(0.f, 0.f, 0.f, 0.f);
+        fv[rr][1] = ok ? __ldg((const float4*)(f + 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
   };
-
   float acc[3][kTiles][4];
 #pragma unroll
   for (int t = 0; t < 3; ++t)
@@ -218,6 +257,28 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
   __syncthreads();
   if (warp < kWarps / 2) put(red[warp], true);
   __syncthreads();
+
+  if (kFast) {
+    // float4 t (< 384) of the block result: x row rb + t / 6, fn rows 4 (t % 6) .. + 3; the four warp partials
+    // summed in warp order as above. Then the 64 sqrsum values, one per thread.
+    constexpr int kVecOut = kRows * kN / 4;
+    for (int t = tid; t < kVecOut; t += kThreads) {
+      const int off = (t / (kN / 4)) * kPitch + 4 * (t % (kN / 4));
+      float4 v = *(const float4*)(&red[0][off]);
+#pragma unroll
+      for (int w = 1; w < kWarps / 2; ++w) {
+        const float4 u = *(const float4*)(&red[w][off]);
+        v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+      }
+      const int64_t r = rb + t / (kN / 4);
+      if (r >= row0) *(float4*)(p.out + s * p.out_stride_s + r * kN + 4 * (t % (kN / 4))) = v;
+    }
+    if (tid < kRows && rb + tid >= row0) {
+      const int off = kRows * kPitch + tid;
+      p.sqrsum[s * p.sq_stride_s + (rb + tid) * p.sq_stride_m] = ((red[0][off] + red[1][off]) + red[2][off]) + red[3][off];
+    }
+    return;
+  }
 
   // block partial element i (< kOut): x row i / kN, fn row i % kN, or sqrsum of row i - kRows * kN
   auto smem_index = [](int i) {
