@@ -51,17 +51,22 @@ __device__ __forceinline__ float sq8(uint4 v) {
 
 __global__ void empty_kernel(float*) {}
 
+// chunk c (32 K values) of the block's 64 rows in the compiled kernel's lane layout: lane (g, t4) 16 B of row
+// 8 j + g at k 8 t4 for j < 8 (zeros past the block's slice)
+__device__ __forceinline__ void load_chunk(const __nv_bfloat16* x, int row0, int kbeg, int g, int t4, int c,
+                                           uint4 (&v)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    v[j] = c < kSlice / 32 ? dsv4::hcp::ld_stream(x + (int64_t)(row0 + 8 * j + g) * kK + kbeg + 32 * c + 8 * t4)
+                           : make_uint4(0, 0, 0, 0);
+}
+
 // the compiled kernel's load pattern: warp w takes 32-wide K chunks w, w + 8, ..; lane (g, t4) 16 B of row
 // 8 j + g at k 8 t4 for j < 8; one chunk ahead
 __global__ void __launch_bounds__(kThr, 1) reg_d1(const __nv_bfloat16* x, float* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int row0 = blockIdx.x * kRowsB, kbeg = blockIdx.y * kSlice;
-  auto load = [&](int c, uint4 (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      v[j] = c < kSlice / 32 ? dsv4::hcp::ld_stream(x + (int64_t)(row0 + 8 * j + g) * kK + kbeg + 32 * c + 8 * t4)
-                             : make_uint4(0, 0, 0, 0);
-  };
+  auto load = [&](int c, uint4 (&v)[8]) { load_chunk(x, row0, kbeg, g, t4, c, v); };
   uint4 a[8], b[8];
   float s = 0.f;
   load(warp, a);
@@ -83,12 +88,7 @@ template <bool FN, bool MMA>
 __global__ void __launch_bounds__(kThr, 1) reg_parts(const __nv_bfloat16* x, const float* fn, float* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int row0 = blockIdx.x * kRowsB, kbeg = blockIdx.y * kSlice;
-  auto load = [&](int c, uint4 (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      v[j] = c < kSlice / 32 ? dsv4::hcp::ld_stream(x + (int64_t)(row0 + 8 * j + g) * kK + kbeg + 32 * c + 8 * t4)
-                             : make_uint4(0, 0, 0, 0);
-  };
+  auto load = [&](int c, uint4 (&v)[8]) { load_chunk(x, row0, kbeg, g, t4, c, v); };
   auto load_fn = [&](int c, float4 (&fv)[3][2]) {
     const int k = kbeg + 32 * (FN ? c : warp) + 8 * t4;
 #pragma unroll
