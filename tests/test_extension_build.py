@@ -93,13 +93,21 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
 def test_hc_prenorm_resources_sm120a(tmp_path):
     """The compiled hc_prenorm GEMM, both instances (the general kernel and kFast): one 256-thread block per
     SM (<= 255 registers), static shared memory only (the warp partials' hand-over, kSmemBytes from the
-    named constants, + the last-block flag) within the SM120 limit, no spills (checked in _compile_sm120a)."""
+    named constants, + the last-block flag) within the SM120 limit, no spills (checked in _compile_sm120a).
+    The reduce kernel of kFast's P > 1 partials: its warp sums' hand-over (kRedWarps x 32 float4) as static
+    shared memory, registers for at least 2 blocks of 32 kRedWarps threads per SM."""
     seen = _compile_sm120a(tmp_path, "hc_prenorm/hc_prenorm.cu")
-    want = _named_constants("hc_prenorm/kernel.cuh")["kSmemBytes"]
+    consts = _named_constants("hc_prenorm/kernel.cuh")
+    want = consts["kSmemBytes"]
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()}, "kSmemBytes", want)
-    assert len(seen) == 2 and all("hc_prenorm_kernel" in k for k in seen), list(seen)
-    for name, (regs, static_smem) in seen.items():
+    gemm = {k: v for k, v in seen.items() if "hc_prenorm_kernel" in k}
+    reduce = {k: v for k, v in seen.items() if "hc_prenorm_reduce_kernel" in k}
+    assert len(gemm) == 2 and len(reduce) == 1 and len(seen) == 3, list(seen)
+    for name, (regs, static_smem) in gemm.items():
         assert want <= static_smem <= want + 16 and static_smem <= SMEM_LIMIT and regs <= 255, (name, regs, static_smem)
+    (regs, static_smem), = reduce.values()
+    threads = 32 * consts["kRedWarps"]
+    assert static_smem == 16 * threads and regs * threads * 2 <= 65536, (regs, static_smem)
 
 
 def test_fp4_moe_e2m1_decode_on_host(tmp_path):

@@ -285,6 +285,43 @@ def test_gpu_cuda_kernel_strided_out_and_empty_splits():
     hp.hc_prenorm_gemm(x, fn, out, sqb.T, 4, impl="cuda", _config={"p": 1})
     torch.cuda.synchronize()
     _check(x, fn, out, sqb.T, 4)
+    # kFast with sub-slices (P = 3): partials in the workspace, the reduce kernel writes the strided out / sqrsum
+    x, fn = _inputs(150, 4096, n=24, device="cuda", seed=8)
+    big = torch.full((4, 150, 32), float("nan"), device="cuda")
+    sqb = torch.full((150, 4), float("nan"), device="cuda")
+    hp.hc_prenorm_gemm(x, fn, big[:, :, 3:27], sqb.T, 4, impl="cuda", _config={"p": 3})
+    torch.cuda.synchronize()
+    assert hp.last_launch == ("cuda", 3)
+    _check(x, fn, big[:, :, 3:27], sqb.T, 4)
+    assert torch.isnan(big[:, :, :3]).all() and torch.isnan(big[:, :, 27:]).all(), "wrote outside out"
+
+
+# which kernels a compiled call launches (csrc/hc_prenorm/hc_prenorm.cu): sub-slices (P > 1) of kFast shapes
+# (m >= 64, K % 32 == 0, n = 24) go through the reduce kernel, other P > 1 shapes through the general kernel's
+# last-block sum, P = 1 never reduces
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, K, n, S, p, kernels", [
+    (512, 16384, 24, None, 16, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),
+    (64, 4096, 24, 2, 3, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),
+    (512, 16384, 24, 16, 1, {"hc_prenorm_kernel<true>"}),
+    (300, 1000, 24, 3, 5, {"hc_prenorm_kernel<false>"}),      # K % 32 != 0
+    (129, 16384, 17, 1, 8, {"hc_prenorm_kernel<false>"}),     # n < 24
+    (63, 16384, 24, None, 4, {"hc_prenorm_kernel<false>"}),   # m < 64
+])
+def test_gpu_cuda_kernels_launched(m, K, n, S, p, kernels):
+    from torch.profiler import ProfilerActivity, profile
+    x, fn = _inputs(m, K, n=n, device="cuda", seed=3)
+    out, sq = _poisoned(m, n, S or 1, "cuda", flat=S is None)
+    hp.hc_prenorm_gemm(x, fn, out, sq, S, impl="cuda", _config={"p": p})   # counters allocated eagerly
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        hp.hc_prenorm_gemm(x, fn, out, sq, S, impl="cuda", _config={"p": p})
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events() if "hc_prenorm" in e.name}
+    got = {("hc_prenorm_reduce_kernel" if "reduce" in nm else
+            "hc_prenorm_kernel<true>" if "<true>" in nm else "hc_prenorm_kernel<false>") for nm in names}
+    assert got == kernels, sorted(names)
+    _check(x, fn, out, sq, S)
 
 
 @pytest.mark.gpu

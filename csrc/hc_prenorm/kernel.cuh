@@ -20,9 +20,12 @@
 // chunks (x and fn of the next chunk in flight during the MMAs of the current one) and their partials
 // are summed through shared memory in a fixed order. Grid (m tiles, S * P): the caller's split s is cut
 // into P sub-slices (DeepGEMM's 64-block partition, twice) when m tiles x S would leave SMs idle; then
-// each block writes its partial to a workspace and the last block of an (m tile, split) group to arrive
-// (an atomic counter, reset by it) sums the P partials in sub-slice order: deterministic, one launch,
-// graph-safe.
+// each block writes its partial to a workspace and the P partials are summed in a fixed order
+// (deterministic, graph-safe) by
+//   kFast shapes (see hc_prenorm_kernel): hc_prenorm_reduce_kernel, a second small grid launched with PDL
+//     (docs/hc_prenorm.md run 14);
+//   the general kernel: the last block of an (m tile, split) group to arrive (an atomic counter, reset by
+//     it), in the same launch, in sub-slice order.
 #pragma once
 #include <cuda_bf16.h>
 #include <type_traits>
@@ -80,6 +83,7 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uin
 #error "DSV4_HC_X_PREFETCH: 0, 64, 128 or 256"
 #endif
 
+
 // x straight into registers, streamed (evict-first)
 __device__ __forceinline__ uint4 ld_stream(const void* ptr) {
   uint4 v;
@@ -93,9 +97,11 @@ __device__ __forceinline__ uint4 ld_stream(const void* ptr) {
 // back to end at row m (it recomputes rows of the tile before it and stores only its own), every chunk is
 // whole and all 24 fn rows exist; and the block's out rows leave shared memory as float4 sums and float4
 // stores. H100 (docs/hc_prenorm.md run 13, scripts/hc_stream_probe.cu, m = 512, 16 splits): 11.4 -> 10.0 us;
-// the scalar store loop of the general epilogue alone was ~1.2 us. P > 1 stays on the general kernel: with
-// the sub-slice hand-off in the kFast kernel too, its sm_120a build spilled (4-16 B; the main loop is at the
-// 255-register limit).
+// the scalar store loop of the general epilogue alone was ~1.2 us. With P > 1 (n = 24, K % 32 == 0, m >= 64,
+// any out strides) the launcher points out / sqrsum at the workspace, laid out as [S * P, m, 24] and
+// [S * P, m], so block (mt, z = s P + q) stores its partial as z; hc_prenorm_reduce_kernel sums them. (The
+// last-block hand-off of the general kernel, compiled into this one, made its sm_120a build spill 4-16 B:
+// the main loop is at the 255-register limit; run 13.)
 template <bool kFast>
 __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenormParams p) {
   __shared__ __align__(16) float red[kWarps / 2][kPart];
@@ -260,7 +266,9 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
 
   if (kFast) {
     // float4 t (< 384) of the block result: x row rb + t / 6, fn rows 4 (t % 6) .. + 3; the four warp partials
-    // summed in warp order as above. Then the 64 sqrsum values, one per thread.
+    // summed in warp order as above. Then the 64 sqrsum values, one per thread. Stored as split z = s P + q
+    // (z = s when P = 1; P > 1: out is the workspace, see above).
+    const int64_t z = blockIdx.y;
     constexpr int kVecOut = kRows * kN / 4;
     for (int t = tid; t < kVecOut; t += kThreads) {
       const int off = (t / (kN / 4)) * kPitch + 4 * (t % (kN / 4));
@@ -271,11 +279,11 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
         v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
       }
       const int64_t r = rb + t / (kN / 4);
-      if (r >= row0) *(float4*)(p.out + s * p.out_stride_s + r * kN + 4 * (t % (kN / 4))) = v;
+      if (r >= row0) *(float4*)(p.out + z * p.out_stride_s + r * kN + 4 * (t % (kN / 4))) = v;
     }
     if (tid < kRows && rb + tid >= row0) {
       const int off = kRows * kPitch + tid;
-      p.sqrsum[s * p.sq_stride_s + (rb + tid) * p.sq_stride_m] = ((red[0][off] + red[1][off]) + red[2][off]) + red[3][off];
+      p.sqrsum[z * p.sq_stride_s + (rb + tid) * p.sq_stride_m] = ((red[0][off] + red[1][off]) + red[2][off]) + red[3][off];
     }
     return;
   }
@@ -339,6 +347,65 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
     if (i < kOut) write(i, v[e]);
   }
   if (tid == 0) p.counters[grp] = 0;   // ready for the next launch / graph replay
+}
+
+// ---- the P > 1 sum of the kFast kernel's partials (ws: out partials [S * P, m, 24], then sqrsum partials
+//      [S * P, m]; out / sqrsum with any strides). A unit is one float4 of out (split s, row r, fn rows
+//      4 j .. 4 j + 3; S m 6 of them) or one sqrsum value (the next S m). Block = kRedWarps warps over 32
+//      consecutive units (lane = unit: coalesced 512-byte loads); warp w sums the partials w, w + kRedWarps,
+//      ... of its lane's unit in sub-slice order, then warp 0 adds the kRedWarps warp sums in warp order
+//      (shared memory): deterministic. Launched with PDL after the GEMM grid, which does not trigger it
+//      early: its blocks are placed as GEMM blocks exit, over all SMs, and pdl_wait() waits for the partials.
+//      H100 (docs/hc_prenorm.md run 14, num_splits None, the auto P): one thread per unit summing all P
+//      (128-thread blocks) was 1.18x slower at m = 256, 1.03x at 512, equal from 1024; a trigger at the GEMM's
+//      start (the reduce blocks then crowd the few SMs the GEMM grid leaves free) 1.09 / 1.05 / 1.03x slower
+//      at m = 256 / 512 / 1024 than none.
+constexpr int kRedWarps = 8;   // 256 threads, 4 KB of static shared memory
+__global__ void __launch_bounds__(32 * kRedWarps) hc_prenorm_reduce_kernel(const HcPrenormParams p) {
+  __shared__ float4 acc[kRedWarps][32];
+  pdl_wait();
+  const int P = (int)p.sub_splits, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t m = p.m, S = p.num_splits;
+  const int64_t part = m * kN;
+  const int64_t nvec = S * m * (kN / 4);
+  const int64_t u = (int64_t)blockIdx.x * 32 + lane;
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  int64_t s = 0, r = 0;
+  int j = 0;
+  if (u < nvec) {
+    s = u / (m * (kN / 4));
+    const int64_t rem = u - s * m * (kN / 4);
+    r = rem / (kN / 4);
+    j = 4 * (int)(rem - r * (kN / 4));
+    const float* src = p.ws + s * P * part + r * kN + j;
+    for (int q = w; q < P; q += kRedWarps) {
+      const float4 t = __ldcg((const float4*)(src + (int64_t)q * part));
+      v.x += t.x; v.y += t.y; v.z += t.z; v.w += t.w;
+    }
+  } else if (u < nvec + S * m) {
+    const int64_t i = u - nvec;
+    s = i / m;
+    r = i - s * m;
+    const float* src = p.ws + S * P * part + s * P * m + r;
+    for (int q = w; q < P; q += kRedWarps) v.x += __ldcg(src + (int64_t)q * m);
+  }
+  acc[w][lane] = v;
+  __syncthreads();
+  if (w != 0 || u >= nvec + S * m) return;
+#pragma unroll
+  for (int k = 1; k < kRedWarps; ++k) {
+    const float4 t = acc[k][lane];
+    v.x += t.x; v.y += t.y; v.z += t.z; v.w += t.w;
+  }
+  if (u < nvec) {
+    float* o = p.out + s * p.out_stride_s + r * p.out_stride_m + j * p.out_stride_n;
+    o[0] = v.x;
+    o[p.out_stride_n] = v.y;
+    o[2 * p.out_stride_n] = v.z;
+    o[3 * p.out_stride_n] = v.w;
+  } else {
+    p.sqrsum[s * p.sq_stride_s + r * p.sq_stride_m] = v.x;
+  }
 }
 
 }  // namespace hcp

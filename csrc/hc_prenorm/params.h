@@ -26,7 +26,9 @@ typedef struct HcPrenormParams {
   float* sqrsum;          // fp32 [S, m] (any strides)
   int64_t sq_stride_s;
   int64_t sq_stride_m;
-  float* ws;              // P > 1: fp32 [S * m_tiles * P, kHcOut] partials (any content)
+  float* ws;              // P > 1: fp32 partials (any content), at least S * m_tiles * P * 1600 floats: the general
+                          // kernel's [S * m_tiles * P, 1600], or, kFast shapes (hc_prenorm.cu), out [S * P, m, 24]
+                          // then sqrsum [S * P, m]; 16-byte aligned for the latter
   int32_t* counters;      // P > 1: int32 [S * m_tiles], zero on entry; left zero on exit
   int64_t m;
   int64_t n;              // 1 .. DSV4_HC_PRENORM_MAX_N
