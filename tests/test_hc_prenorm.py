@@ -217,7 +217,7 @@ def test_errors_name_the_argument(device, what, arg):
 @pytest.mark.parametrize("m", [0, 1, 7, 128, 4096])
 def test_gpu_full_k(monkeypatch, m, num_splits, impl):
     """DeepGEMM's entry point with each kernel (DSV4_HC_PRENORM_IMPL; auto: the compiled kernel where
-    auto_prefers_cuda says so, e.g. m >= 256 under DISABLE_MMA_V3=1, else Triton)."""
+    auto_prefers_cuda says so, e.g. m >= 64 at n = 24 under DISABLE_MMA_V3=1, else Triton)."""
     monkeypatch.setenv("DSV4_HC_PRENORM_IMPL", impl)
     K = 16384
     x, fn = _inputs(m, K, device="cuda", seed=m + 1)
@@ -229,7 +229,7 @@ def test_gpu_full_k(monkeypatch, m, num_splits, impl):
     if m:
         _check(x, fn, out, sq, num_splits)
         want = impl if impl != "auto" else (
-            "cuda" if hp.auto_prefers_cuda(m, num_splits or 1, hp.mma_kind(x.device)) else "triton")
+            "cuda" if hp.auto_prefers_cuda(m, num_splits or 1, hp.mma_kind(x.device), 24, K) else "triton")
         assert hp.last_launch[0] == want, hp.last_launch
 
 
@@ -611,10 +611,16 @@ def test_cuda_sub_splits_fill_the_gpu_within_limits():
 
 
 def test_auto_prefers_cuda_only_where_triton_builds_mma_sync():
-    assert hp.auto_prefers_cuda(hp.CUDA_MIN_M, 1, "mma") and not hp.auto_prefers_cuda(hp.CUDA_MIN_M - 1, 1, "mma")
-    assert hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT, 2, "mma")
-    assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT - 1, 64, "mma")
-    assert not any(hp.auto_prefers_cuda(m, S, "wgmma") for m in (1, 512, 65536) for S in (1, 16))
+    # the general kernel (n < 24 or K % 32 != 0): from CUDA_MIN_M rows, or CUDA_MIN_M_SPLIT with splits
+    for n, K in ((17, 16384), (24, 16400)):
+        assert hp.auto_prefers_cuda(hp.CUDA_MIN_M, 1, "mma", n, K)
+        assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M - 1, 1, "mma", n, K)
+        assert hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT, 2, "mma", n, K)
+        assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT - 1, 64, "mma", n, K)
+    # DeepSeek-V4's shape (the kFast kernel + reduce grid): from CUDA_MIN_M_SPLIT rows, splits or not
+    assert hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT, 1, "mma", 24, 16384)
+    assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT - 1, 1, "mma", 24, 16384)
+    assert not any(hp.auto_prefers_cuda(m, S, "wgmma", 24, 16384) for m in (1, 512, 65536) for S in (1, 16))
 
 
 def test_pick_impl_without_a_gpu(monkeypatch):

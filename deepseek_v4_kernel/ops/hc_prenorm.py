@@ -35,9 +35,10 @@ in every m tile, and the GEMM loads both planes as MMA operands: same numbers, 1
 with mma.sync at m >= 2048 (docs/hc_prenorm.md, run 7).
 
 Compiled kernel (csrc/hc_prenorm, run 9): where Triton builds mma.sync (SM120), ``impl="auto"`` runs a
-CUDA kernel from m >= 256 (>= 64 with the caller's splits): fn as the MMA's A operand ([hi | lo] bf16
-rows, the same bf16x2 numbers), x loaded straight from global memory as the B operand, 1.2-1.7x the
-mma.sync Triton kernel at m >= 256 on the H100. ``impl`` / env DSV4_HC_PRENORM_IMPL picks a kernel
+CUDA kernel from m >= 256 (>= 64 with the caller's splits, or with n = 24 and K % 32 == 0, DeepSeek-V4's
+shape, run 14): fn as the MMA's A operand ([hi | lo] bf16 rows, the same bf16x2 numbers), x loaded
+straight from global memory as the B operand, 1.2-1.7x the mma.sync Triton kernel at m >= 256 on the
+H100 (1.5x at m = 64 with DeepSeek-V4's shape since run 14). ``impl`` / env DSV4_HC_PRENORM_IMPL picks a kernel
 (pick_impl); cases it does not take go to the Triton kernel under "auto".
 """
 from __future__ import annotations
@@ -526,13 +527,16 @@ def _check(x, fn, out, sqrsum, num_splits):
 IMPLS = ("auto", "triton", "cuda")
 # auto, where Triton builds mma.sync (SM120; sm_90 under DISABLE_MMA_V3): the compiled kernel from
 # CUDA_MIN_M rows, or from CUDA_MIN_M_SPLIT when the caller splits K itself (num_splits >= 2: no hand-off
-# between blocks); below that the Triton tables (H100 run 9, docs/hc_prenorm.md). Where Triton builds
-# wgmma (sm_90, not a target) its kernel stays the default: faster than the compiled one at m >= 8192
-# and m <= 256 there, within 3 % at 512 and 4096.
+# between blocks) or the call has DeepSeek-V4's shape (n = 24, K % 32 == 0: the kFast kernel, whose
+# sub-slice partials a separate reduce grid sums; H100 run 14: 6.7 / 7.1 / 8.1 us at m = 64 / 128 / 256
+# with num_splits None, Triton mma.sync 10.0 / - / 14.6); below that the Triton tables (H100 run 9,
+# docs/hc_prenorm.md). Where Triton builds wgmma (sm_90, not a target) its kernel stays the default:
+# faster than the compiled one at m >= 8192 and m <= 256 there, within 3 % at 512 and 4096 (run 9).
 CUDA_MIN_M = 256
 CUDA_MIN_M_SPLIT = 64
 _CUDA_AUTO_SUB = 32   # most sub-slices auto picks (H100 run 9 sweep: the last block's sum of P partials
-                      # costs more than the extra blocks gain beyond ~32)
+                      # costs more than the extra blocks gain beyond ~32; run 14, reduce grid: P = 32 is
+                      # the best point at m = 128-256, 4 % off P = 64 at m = 64)
 _CUDA_ROWS = 64       # x rows per block (hcp::kRows)
 _CUDA_MAX_N = 24      # DSV4_HC_PRENORM_MAX_N
 _CUDA_MAX_SUB = 64    # DSV4_HC_PRENORM_MAX_SUB
@@ -574,10 +578,11 @@ def cuda_sub_splits(m: int, K: int, S: int, num_sms: int) -> int:
     return max(1, min(_CUDA_AUTO_SUB, num_sms // groups, nb_min))
 
 
-def auto_prefers_cuda(m: int, S: int, kind: str) -> bool:
-    """Whether "auto" takes the compiled kernel for m rows and the caller's S splits, with Triton's
-    instruction class ``kind`` (mma_kind)."""
-    return kind == "mma" and (m >= CUDA_MIN_M or (m >= CUDA_MIN_M_SPLIT and S >= 2))
+def auto_prefers_cuda(m: int, S: int, kind: str, n: int, K: int) -> bool:
+    """Whether "auto" takes the compiled kernel for m rows of K, n fn rows and the caller's S splits, with
+    Triton's instruction class ``kind`` (mma_kind)."""
+    fast_shape = n == _CUDA_MAX_N and K % 32 == 0   # the kFast kernel's (csrc/hc_prenorm/hc_prenorm.cu)
+    return kind == "mma" and (m >= CUDA_MIN_M or (m >= CUDA_MIN_M_SPLIT and (S >= 2 or fast_shape)))
 
 
 def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
@@ -589,7 +594,7 @@ def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
     if impl not in IMPLS:
         raise _fail("impl", f"one of {IMPLS}", repr(impl))
     if impl == "triton" or (impl == "auto" and (_config is not None or not auto_prefers_cuda(
-            x.shape[0], S, mma_kind(x.device)))):
+            x.shape[0], S, mma_kind(x.device), fn.shape[0], x.shape[1]))):
         return "triton"
     try:
         why = cuda_unsupported(x, fn, S)
