@@ -379,7 +379,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     out_path = os.path.join(args.out, "bench_hc_prenorm.json")
-    ms = [int(v) for v in args.ms.split(",")]
+    ms = [int(v) for v in args.ms.split(",") if v]  # --ms "": no table rows (e.g. a --cuda-sweep-only call)
     forced = tuple(i for i in args.impls.split(",") if i != "auto")  # timed besides auto (always timed)
     torch.manual_seed(0)
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -433,6 +433,10 @@ def main():
         result["rows"] = rows
         with open(out_path, "w") as f:
             json.dump(result, f, indent=1)
+    if not rows:
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+        return
     if forced:
         print(f"{'m':>6} " + " ".join(f"{i + ' us':>10} {'%floor':>6} {i + '(S) us':>11} {'%floor':>6}"
                                        for i in forced))
