@@ -303,6 +303,8 @@ def test_gpu_cuda_kernel_strided_out_and_empty_splits():
 @pytest.mark.parametrize("m, K, n, S, p, kernels", [
     (512, 16384, 24, None, 16, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),
     (64, 4096, 24, 2, 3, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),
+    (100, 256, 24, 2, 3, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),   # empty sub-slices
+    (96, 16416, 24, None, 5, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),  # K % 64 == 32
     (512, 16384, 24, 16, 1, {"hc_prenorm_kernel<true>"}),
     (300, 1000, 24, 3, 5, {"hc_prenorm_kernel<false>"}),      # K % 32 != 0
     (129, 16384, 17, 1, 8, {"hc_prenorm_kernel<false>"}),     # n < 24

@@ -83,7 +83,6 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uin
 #error "DSV4_HC_X_PREFETCH: 0, 64, 128 or 256"
 #endif
 
-
 // x straight into registers, streamed (evict-first)
 __device__ __forceinline__ uint4 ld_stream(const void* ptr) {
   uint4 v;

@@ -37,9 +37,9 @@ with mma.sync at m >= 2048 (docs/hc_prenorm.md, run 7).
 Compiled kernel (csrc/hc_prenorm, run 9): where Triton builds mma.sync (SM120), ``impl="auto"`` runs a
 CUDA kernel from m >= 256 (>= 64 with the caller's splits, or with n = 24 and K % 32 == 0, DeepSeek-V4's
 shape, run 14): fn as the MMA's A operand ([hi | lo] bf16 rows, the same bf16x2 numbers), x loaded
-straight from global memory as the B operand, 1.2-1.7x the mma.sync Triton kernel at m >= 256 on the
-H100 (1.5x at m = 64 with DeepSeek-V4's shape since run 14). ``impl`` / env DSV4_HC_PRENORM_IMPL picks a kernel
-(pick_impl); cases it does not take go to the Triton kernel under "auto".
+straight from global memory as the B operand, 1.4-1.9x the mma.sync Triton kernel at m >= 256 on the
+H100 (1.5x at m = 64 with DeepSeek-V4's shape, run 14). ``impl`` / env DSV4_HC_PRENORM_IMPL picks a
+kernel (pick_impl); cases it does not take go to the Triton kernel under "auto".
 """
 from __future__ import annotations
 
@@ -530,8 +530,9 @@ IMPLS = ("auto", "triton", "cuda")
 # between blocks) or the call has DeepSeek-V4's shape (n = 24, K % 32 == 0: the kFast kernel, whose
 # sub-slice partials a separate reduce grid sums; H100 run 14: 6.7 / 7.1 / 8.1 us at m = 64 / 128 / 256
 # with num_splits None, Triton mma.sync 10.0 / - / 14.6); below that the Triton tables (H100 run 9,
-# docs/hc_prenorm.md). Where Triton builds wgmma (sm_90, not a target) its kernel stays the default:
-# faster than the compiled one at m >= 8192 and m <= 256 there, within 3 % at 512 and 4096 (run 9).
+# docs/hc_prenorm.md). Where Triton builds wgmma (sm_90, not a target) its kernel stays the default (run 9:
+# faster than the compiled one at m >= 8192 and m <= 256 there; since run 14 the compiled kernel is the
+# faster one there too from m = 64 to 8192 with DeepSeek-V4's shape, equal at 16384).
 CUDA_MIN_M = 256
 CUDA_MIN_M_SPLIT = 64
 _CUDA_AUTO_SUB = 32   # most sub-slices auto picks (H100 run 9 sweep: the last block's sum of P partials
