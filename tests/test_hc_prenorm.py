@@ -578,7 +578,7 @@ def test_tile_table_resolves_within_limits(S):
 
 def test_cuda_params_mirror_and_constants_match_the_headers():
     """The ctypes mirror field by field against csrc/hc_prenorm/params.h, and the sizes the Python side
-    relies on (rows per block, max n, max sub-splits, partial size) against the header and kernel.cuh."""
+    relies on (rows per block, K chunk, max n, max sub-splits, partial size) against the header and kernel.cuh."""
     import re
 
     from c_headers import ROOT, header, struct_fields
@@ -590,6 +590,7 @@ def test_cuda_params_mirror_and_constants_match_the_headers():
     assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_SUB (\d+)", src).group(1)) == hp._CUDA_MAX_SUB
     kern = open(os.path.join(ROOT, "csrc", "hc_prenorm", "kernel.cuh")).read()
     assert int(re.search(r"constexpr int kRows = (\d+);", kern).group(1)) == hp._CUDA_ROWS
+    assert int(re.search(r"constexpr int kChunk = (\d+);", kern).group(1)) == hp._CUDA_CHUNK
     assert re.search(r"constexpr int kOut = kRows \* kN \+ kRows;", kern)
     assert hp._CUDA_OUT == hp._CUDA_ROWS * hp._CUDA_MAX_N + hp._CUDA_ROWS
 

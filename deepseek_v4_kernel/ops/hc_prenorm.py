@@ -539,6 +539,7 @@ _CUDA_AUTO_SUB = 32   # most sub-slices auto picks (H100 run 9 sweep: the last b
                       # costs more than the extra blocks gain beyond ~32; run 14, reduce grid: P = 32 is
                       # the best point at m = 128-256, 4 % off P = 64 at m = 64)
 _CUDA_ROWS = 64       # x rows per block (hcp::kRows)
+_CUDA_CHUNK = 32      # K per warp step (hcp::kChunk); the kFast kernel needs whole chunks
 _CUDA_MAX_N = 24      # DSV4_HC_PRENORM_MAX_N
 _CUDA_MAX_SUB = 64    # DSV4_HC_PRENORM_MAX_SUB
 _CUDA_OUT = _CUDA_ROWS * _CUDA_MAX_N + _CUDA_ROWS   # floats of one block partial (hcp::kOut)
@@ -582,7 +583,7 @@ def cuda_sub_splits(m: int, K: int, S: int, num_sms: int) -> int:
 def auto_prefers_cuda(m: int, S: int, kind: str, n: int, K: int) -> bool:
     """Whether "auto" takes the compiled kernel for m rows of K, n fn rows and the caller's S splits, with
     Triton's instruction class ``kind`` (mma_kind)."""
-    fast_shape = n == _CUDA_MAX_N and K % 32 == 0   # the kFast kernel's (csrc/hc_prenorm/hc_prenorm.cu)
+    fast_shape = n == _CUDA_MAX_N and K % _CUDA_CHUNK == 0   # the kFast kernel's (csrc/hc_prenorm/hc_prenorm.cu)
     return kind == "mma" and (m >= CUDA_MIN_M or (m >= CUDA_MIN_M_SPLIT and (S >= 2 or fast_shape)))
 
 
