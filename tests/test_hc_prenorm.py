@@ -641,13 +641,14 @@ def test_pick_impl_without_a_gpu(monkeypatch):
 
 def test_workspace_is_reused_and_outgrown_buffers_stay_alive():
     dev = torch.device("cpu")
-    hp._WORKSPACES.pop(("cpu", 0), None)
+    key = ("cpu", 0, torch.float32)
+    hp._WORKSPACES.pop(key, None)
     a = hp._workspace(dev, 1000)
     b = hp._workspace(dev, 2000)
     assert a.data_ptr() == b.data_ptr()  # one buffer of >= 65536 floats
     c = hp._workspace(dev, 1 << 20)
-    assert c.numel() == 1 << 20 and len(hp._WORKSPACES[("cpu", 0)]) == 2
-    assert hp._WORKSPACES[("cpu", 0)][0].data_ptr() == a.data_ptr()  # kept alive
+    assert c.numel() == 1 << 20 and len(hp._WORKSPACES[key]) == 2
+    assert hp._WORKSPACES[key][0].data_ptr() == a.data_ptr()  # kept alive
     h = hp._workspace(dev, 1000, torch.bfloat16)  # the pre-split fn planes: a buffer of their own
     assert h.dtype == torch.bfloat16 and h.data_ptr() != a.data_ptr()
     assert hp._workspace(dev, 3000, torch.bfloat16).data_ptr() == h.data_ptr()

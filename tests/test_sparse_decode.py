@@ -444,6 +444,57 @@ def test_gpu_cuda_graph_replay_matches_eager(b):
 
 
 @pytest.mark.gpu
+def test_gpu_split_workspace_shared_by_consecutive_calls():
+    """Split calls on one stream share the persistent partial buffer (issue 3: a reusable workspace). Three
+    split calls of different shapes are queued with no sync between them, then checked: a call that
+    overwrote the partials before the previous call's combine had read them would show here. The buffer
+    grows only when a call needs more, and the outgrown one stays alive (graphs may point at it)."""
+    cases = [_to_cuda(_case(b=1, s_q=1, h_q=64, topk=128, extra_topk=512, sink=True, seed=21)),
+             _to_cuda(_case(b=2, s_q=2, h_q=128, topk=96, extra_topk=300, with_len=True, seed=22)),
+             _to_cuda(_case(b=1, s_q=1, h_q=16, topk=64, extra_topk=200, with_extra_len=True, seed=23))]
+    torch.cuda.synchronize()
+    sd._WORKSPACES.clear()
+    outs = [sd.sparse_decode(**a) for a in cases]      # queued back to back
+    torch.cuda.synchronize()
+    for a, (out, lse) in zip(cases, outs):
+        _check(a, out, lse)
+    key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream, torch.float32)
+    bufs = sd._WORKSPACES[key]            # KeyError: none of the three calls split
+    assert 1 <= len(bufs) <= 2 and bufs[-1].numel() >= 1 << 16
+    before = [b.data_ptr() for b in bufs]
+    out2 = [sd.sparse_decode(**a) for a in reversed(cases)]   # all fit now: no new buffer
+    torch.cuda.synchronize()
+    assert [b.data_ptr() for b in sd._WORKSPACES[key]] == before
+    for a, (out, lse) in zip(reversed(cases), out2):
+        _check(a, out, lse)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_of_two_split_calls_sharing_the_workspace():
+    """One graph holding two split calls that use the same partial buffer (the second call's split grid must
+    not run ahead of the first call's combine), replayed on poisoned outputs."""
+    a1 = _to_cuda(_case(b=1, s_q=1, h_q=64, topk=128, extra_topk=512, sink=True, seed=31))
+    a2 = _to_cuda(_case(b=1, s_q=2, h_q=64, topk=128, extra_topk=384, with_len=True, seed=32))
+    e1, e2 = _run(a1), _run(a2)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                  # warm-up on the capture stream: its buffer exists
+        sd.sparse_decode(**a1)
+        sd.sparse_decode(**a2)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        g1 = sd.sparse_decode(**a1)
+        g2 = sd.sparse_decode(**a2)
+    for _ in range(3):
+        for t in (*g1, *g2):
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(x, y) for x, y in zip((*g1, *g2), (*e1, *e2)))
+
+
+@pytest.mark.gpu
 def test_built_archs():
     from deepseek_v4_kernel._ext import built_archs
     archs = built_archs()

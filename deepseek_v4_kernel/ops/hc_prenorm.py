@@ -52,6 +52,8 @@ import triton.language as tl
 
 from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
 from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count
+from deepseek_v4_kernel.ops._workspace import scratch as _scratch
+from deepseek_v4_kernel.ops._workspace import stream_key as _stream_key
 
 OP = "hc_prenorm"
 _KBLOCK = 64  # DeepGEMM's split granularity (BLOCK_K of its sm90/sm100 kernels)
@@ -292,12 +294,6 @@ _WORKSPACES: dict = {}
 last_compiled = None  # CompiledKernel of the latest launch (tests read its metadata)
 
 
-def _stream_key(device: torch.device):
-    if device.type != "cuda":
-        return ("cpu", 0)
-    return (device.index, torch.cuda.current_stream(device).cuda_stream)
-
-
 def _counters(device: torch.device):
     """Zeroed int32 counters, one set per (device, stream). The kernel resets every
     counter it uses, so the set stays zero between launches and graph replays.
@@ -314,20 +310,9 @@ def _counters(device: torch.device):
 
 
 def _workspace(device: torch.device, numel: int, dtype=torch.float32) -> torch.Tensor:
-    """Scratch (fp32 partials; bf16 for the pre-split fn planes), persistent per (device, stream,
-    dtype) and grown in powers of two outside graph capture. Outgrown buffers are kept alive
-    (graphs captured earlier still point at them), so the memory held is < 2x the largest
-    request. While capturing with no buffer big enough, a per-call allocation from the
-    graph's pool is used instead (what a plain torch.empty would do)."""
-    key = _stream_key(device) if dtype == torch.float32 else _stream_key(device) + (dtype,)
-    bufs = _WORKSPACES.setdefault(key, [])
-    if bufs and bufs[-1].numel() >= numel:
-        return bufs[-1][:numel]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.empty(numel, dtype=dtype, device=device)
-    size = max(1 << 16, triton.next_power_of_2(numel))
-    bufs.append(torch.empty(size, dtype=dtype, device=device))
-    return bufs[-1][:numel]
+    """Scratch (fp32 partials; bf16 for the pre-split fn planes), persistent per (device, stream, dtype)
+    and grown in powers of two outside graph capture (ops/_workspace.scratch)."""
+    return _scratch(_WORKSPACES, device, numel, dtype)
 
 
 # Tile tables for S = 1 on a 132-SM H100, by m bucket: (m_max, config). ``p`` is the

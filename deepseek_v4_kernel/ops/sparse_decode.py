@@ -10,8 +10,8 @@ A row with no valid slot gives out = 0 and lse = +inf. Both conventions follow F
 reference (deepseek-ai/FlashMLA tests/ref.py, ``ref_sparse_attn_decode``): the sink rescales the
 output after lse is computed and lse is returned unchanged; "lonely" rows get lse = +inf.
 
-Graph-safe: no host syncs; the split-KV workspace is a torch allocation whose size depends only on
-shapes; the SM count is cached per device. q and indices may have arbitrary strides (passed to the
+Graph-safe: no host syncs; the split-KV workspace is a persistent buffer per (device, stream), grown
+in powers of two outside graph capture (ops/_workspace); the SM count is cached per device. q and indices may have arbitrary strides (passed to the
 kernel, no copies); attn_sink ([h_q] floats) is made contiguous if it is not (tiny copy).
 """
 import functools
@@ -22,6 +22,9 @@ import torch
 from ..errors import ExtensionUnavailable, UnsupportedCase
 from ._device import extension_error as _extension_error
 from ._device import sm_count as _sm_count  # noqa: F401  (benches/tests use sd._sm_count)
+from ._workspace import scratch as _scratch
+
+_WORKSPACES: dict = {}   # split-KV partials: fp32 [splits, b*s_q, h_q, 512] then [splits, b*s_q, h_q]
 
 OP = "sparse_decode"
 D = 512
@@ -221,8 +224,11 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
     else:
         splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, num_sms, impl)
     if splits > 1:
-        o_part = torch.empty((splits, b * s_q, h_q, D), dtype=torch.float32, device=dev)
-        lse_part = torch.empty((splits, b * s_q, h_q), dtype=torch.float32, device=dev)
+        # the persistent per-stream buffer (ops/_workspace): consecutive calls on a stream share it, which is
+        # safe because every kernel of this op waits for the previous kernel of its stream before it writes
+        n_o = splits * b * s_q * h_q * D
+        ws = _scratch(_WORKSPACES, dev, n_o + splits * b * s_q * h_q)
+        o_part, lse_part = ws[:n_o], ws[n_o:]
     else:
         o_part = lse_part = None
 

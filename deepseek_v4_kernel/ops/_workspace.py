@@ -1,0 +1,36 @@
+"""Persistent scratch buffers of the ops (split-K / split-KV partials), one set per (device, stream).
+
+Why persistent: a CUDA graph records the address of every buffer its kernels touch, so scratch memory
+must outlive the capture, and a per-call allocation would cost host time on every eager call. Why per
+stream: two streams may run the same op at once (SGLang's two-batch overlap); calls on one stream are
+ordered, and every kernel that writes a buffer waits (griddepcontrol.wait, or a plain launch) for the
+previous kernel of its stream first, so consecutive calls can share one buffer.
+"""
+import torch
+
+
+def stream_key(device: torch.device):
+    """(device index, current stream handle); ("cpu", 0) off CUDA."""
+    if device.type != "cuda":
+        return ("cpu", 0)
+    return (device.index, torch.cuda.current_stream(device).cuda_stream)
+
+
+def scratch(pool: dict, device: torch.device, numel: int, dtype=torch.float32,
+            min_numel: int = 1 << 16) -> torch.Tensor:
+    """A flat ``numel``-element view of ``pool``'s buffer for (device, current stream, dtype).
+
+    The buffer grows in powers of two (from ``min_numel``) outside graph capture, so it always holds the
+    largest request seen so far rounded up (< 2x it). Outgrown buffers stay alive in ``pool`` because
+    graphs captured earlier still point at them. While a graph is being captured and no buffer is big
+    enough (no eager call of that size came first on this stream), the call gets its own allocation from
+    the graph's memory pool instead, which is what a plain torch.empty would do."""
+    key = stream_key(device) + (dtype,)
+    bufs = pool.setdefault(key, [])
+    if bufs and bufs[-1].numel() >= numel:
+        return bufs[-1][:numel]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.empty(numel, dtype=dtype, device=device)
+    size = max(min_numel, 1 << max(0, numel - 1).bit_length())
+    bufs.append(torch.empty(size, dtype=dtype, device=device))
+    return bufs[-1][:numel]
