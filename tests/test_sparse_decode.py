@@ -108,6 +108,29 @@ def test_shim_signatures():
     assert len(ps) == 1 and ps[0].kind == inspect.Parameter.VAR_KEYWORD
 
 
+def test_split_workspace_cap():
+    """The persistent split-KV buffer (ops/_workspace.scratch with sd.WORKSPACE_CAP): the decode shapes of
+    DeepSeek-V4 (main 128 + extra 512 positions) fit it on 132 / 170 / 188 SMs at every h_q, s_q and b, so
+    their workspace never comes from a per-call allocation; a request above the cap gets its own tensor
+    and leaves the pool as it was."""
+    from deepseek_v4_kernel.ops._workspace import scratch
+    worst = 0
+    for sms in (132, 170, 188):
+        for h_q in (8, 16, 32, 64, 128):
+            for s_q in (1, 2, 3, 4):
+                for b in range(1, 2049):
+                    _, n, _ = sd.mma64_launch(b, s_q, h_q, 128 + 512, sms)
+                    if n > 1:
+                        worst = max(worst, n * b * s_q * h_q * (sd.D + 1))
+    assert 0 < worst <= sd.WORKSPACE_CAP, (worst, sd.WORKSPACE_CAP)
+    pool, dev = {}, torch.device("cpu")
+    a = scratch(pool, dev, 1000, max_numel=4096)
+    big = scratch(pool, dev, 5000, max_numel=4096)
+    assert big.numel() == 5000 and big.data_ptr() != a.data_ptr()
+    assert len(pool[("cpu", 0, torch.float32)]) == 1 and pool[("cpu", 0, torch.float32)][0].numel() == 1 << 16
+    assert scratch(pool, dev, 4096, max_numel=4096).data_ptr() == a.data_ptr()
+
+
 def test_max_splits_matches_params_h():
     """ops/sparse_decode.MAX_SPLITS is the C ABI's limit (the combine kernel's), not a second number; the
     ctypes mirror lists params.h's fields in order (the loader also compares the struct sizes)."""

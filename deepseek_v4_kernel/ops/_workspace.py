@@ -6,6 +6,8 @@ stream: two streams may run the same op at once (SGLang's two-batch overlap); ca
 ordered, and every kernel that writes a buffer waits (griddepcontrol.wait, or a plain launch) for the
 previous kernel of its stream first, so consecutive calls can share one buffer.
 """
+from typing import Optional
+
 import torch
 
 
@@ -17,14 +19,18 @@ def stream_key(device: torch.device):
 
 
 def scratch(pool: dict, device: torch.device, numel: int, dtype=torch.float32,
-            min_numel: int = 1 << 16) -> torch.Tensor:
+            min_numel: int = 1 << 16, max_numel: Optional[int] = None) -> torch.Tensor:
     """A flat ``numel``-element view of ``pool``'s buffer for (device, current stream, dtype).
 
     The buffer grows in powers of two (from ``min_numel``) outside graph capture, so it always holds the
     largest request seen so far rounded up (< 2x it). Outgrown buffers stay alive in ``pool`` because
-    graphs captured earlier still point at them. While a graph is being captured and no buffer is big
-    enough (no eager call of that size came first on this stream), the call gets its own allocation from
-    the graph's memory pool instead, which is what a plain torch.empty would do."""
+    graphs captured earlier still point at them (together < the newest one). A request above
+    ``max_numel`` gets its own allocation (torch.empty, freed with the call's tensors) instead, so the
+    memory a pool holds stays under 2 x max_numel rounded up. While a graph is being captured and no
+    buffer is big enough (no eager call of that size came first on this stream), the call gets its own
+    allocation from the graph's memory pool, which is what a plain torch.empty would do."""
+    if max_numel is not None and numel > max_numel:
+        return torch.empty(numel, dtype=dtype, device=device)
     key = stream_key(device) + (dtype,)
     bufs = pool.setdefault(key, [])
     if bufs and bufs[-1].numel() >= numel:

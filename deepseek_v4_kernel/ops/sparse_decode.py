@@ -11,7 +11,8 @@ reference (deepseek-ai/FlashMLA tests/ref.py, ``ref_sparse_attn_decode``): the s
 output after lse is computed and lse is returned unchanged; "lonely" rows get lse = +inf.
 
 Graph-safe: no host syncs; the split-KV workspace is a persistent buffer per (device, stream), grown
-in powers of two outside graph capture (ops/_workspace); the SM count is cached per device. q and indices may have arbitrary strides (passed to the
+in powers of two outside graph capture up to WORKSPACE_CAP (ops/_workspace); the SM count is cached
+per device. q and indices may have arbitrary strides (passed to the
 kernel, no copies); attn_sink ([h_q] floats) is made contiguous if it is not (tiny copy).
 """
 import functools
@@ -25,6 +26,12 @@ from ._device import sm_count as _sm_count  # noqa: F401  (benches/tests use sd.
 from ._workspace import scratch as _scratch
 
 _WORKSPACES: dict = {}   # split-KV partials: fp32 [splits, b*s_q, h_q, 512] then [splits, b*s_q, h_q]
+# Largest split-KV workspace kept per (device, stream), in floats (64 MiB). The decode shapes stay under it
+# (main 128 + extra 512 positions, 132-188 SMs: at most 40 MiB, splits x b x s_q x h_q = 20480, e.g. b = 160,
+# h_q 64 in two splits on 132 SMs, b = 20, h_q 128, s_q 4 in two); the launch rule also splits
+# some calls of large b (hundreds of rows) in two to fill the last wave (up to ~650 MiB of partials with 10K positions),
+# and those get a per-call allocation, as every call did before the persistent buffer.
+WORKSPACE_CAP = 16 << 20
 
 OP = "sparse_decode"
 D = 512
@@ -227,7 +234,7 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
         # the persistent per-stream buffer (ops/_workspace): consecutive calls on a stream share it, which is
         # safe because every kernel of this op waits for the previous kernel of its stream before it writes
         n_o = splits * b * s_q * h_q * D
-        ws = _scratch(_WORKSPACES, dev, n_o + splits * b * s_q * h_q)
+        ws = _scratch(_WORKSPACES, dev, n_o + splits * b * s_q * h_q, max_numel=WORKSPACE_CAP)
         o_part, lse_part = ws[:n_o], ws[n_o:]
     else:
         o_part = lse_part = None
