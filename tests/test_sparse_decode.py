@@ -333,6 +333,39 @@ def test_gpu_impls_vs_reference(impl, name):
 
 
 @pytest.mark.gpu
+def test_gpu_prefill_sized_batch():
+    """b = 8192 (a prefill chunk goes through the same call, issue 3): one unsplit pass of 8192 x 1 blocks.
+    Rows are independent, so 64 of them (the first, the last and random ones) are checked against the
+    float64 reference run on those rows alone; out is checked for unwritten (NaN-poisoned) rows everywhere."""
+    b, h_q, topk, extra_topk = 8192, 64, 128, 512
+    g = torch.Generator().manual_seed(41)
+    main = pack_fp8_ds_mla(torch.randn(4096, 512, generator=g), 256, None)
+    extra = pack_fp8_ds_mla(torch.randn(8192, 512, generator=g) * 0.7, 64, None)
+    gd = torch.Generator(device="cuda").manual_seed(41)
+    a = _to_cuda(dict(k_cache=main, extra_k_cache=extra, attn_sink=torch.randn(h_q, generator=g)))
+    a["q"] = torch.randn(b, 1, h_q, 512, device="cuda", generator=gd).bfloat16()
+    a["indices"] = torch.randint(-1, 4096, (b, 1, topk), device="cuda", generator=gd, dtype=torch.int32)
+    a["extra_indices"] = torch.randint(0, 8192, (b, 1, extra_topk), device="cuda", generator=gd, dtype=torch.int32)
+    a["topk_length"] = torch.randint(0, topk + 1, (b,), device="cuda", generator=gd, dtype=torch.int32)
+    a["extra_topk_length"] = torch.randint(0, extra_topk + 1, (b,), device="cuda", generator=gd, dtype=torch.int32)
+    a["extra_topk_length"][:4] = 0                     # a few rows with main slots only, or none at all
+    a["topk_length"][:2] = 0
+    assert sd.mma64_launch(b, 1, h_q, topk + extra_topk, sd._sm_count(a["q"].device))[1] == 1
+    # poison: the op allocates out and lse itself; the caching allocator hands it these freed blocks back
+    fill_o = torch.full((b, 1, h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fill_l = torch.full((b, h_q, 1), float("nan"), device="cuda")
+    ptrs = (fill_o.data_ptr(), fill_l.data_ptr())
+    del fill_o, fill_l
+    out, lse = _run(a)
+    assert (out.data_ptr(), lse.data_ptr()) == ptrs, "outputs not on the poisoned blocks"
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten (NaN) elements"
+    rows = torch.cat([torch.tensor([0, 1, 2, 3, b - 1]), torch.randperm(b - 5, generator=g)[:59] + 4])
+    sub = {k: (v[rows.to(v.device)] if k in ("q", "indices", "extra_indices", "topk_length", "extra_topk_length")
+               else v) for k, v in a.items()}
+    _check(sub, out[rows.cuda()], lse[rows.cuda()])
+
+
+@pytest.mark.gpu
 def test_gpu_empty_rows_duplicates_sink():
     a = _case(b=4, s_q=2, h_q=64, topk=64, extra_topk=64, with_extra_len=True, sink=True, seed=3)
     a["indices"][0] = -1                                       # row 0: main empty ...
