@@ -4,7 +4,15 @@ input sets) vs a torch GPU implementation (fp32 math) and SGLang 0.5.23's SM120 
 (flash_mla_sm120_triton.py from the 0.5.23 wheel that scripts/fetch_sglang_wheels.sh unpacks, or
 --sglang-triton), plus the byte/FLOP floor from copy bandwidth and a bf16 matmul rate measured in
 the same run, and the share of the mma.sync ceiling (scripts/mma_peak.cu, same run: the kernel's own
-instruction class; on an H100 the matmul rate is a wgmma rate). Writes JSON (+PNG) into --out."""
+instruction class; on an H100 the matmul rate is a wgmma rate). Writes JSON (+PNG) into --out.
+
+Inputs as a decode step leaves them (default, --rows-footprint-mb 160): q, the indices and the lengths are one
+set of tensors shared by every call of a shape (hot in L2, as the q projection and the indexer's top-k write
+them right before the call in serving), while the calls read their KV rows through different views of one
+large cache pool (each view shifted by whole pages), so that the rows one CUDA-graph replay reads add up to
+more than three times the H100's 50 MB L2 and come from HBM (in serving, the other layers' weights and caches
+stream through L2 between two calls of a layer). --rows-footprint-mb 0: the benchmark before 2026-11-25,
+four input sets each with its own q and indices; their rows stay in L2 at b <= 32 (b = 1 reads ~0.4 MB)."""
 import argparse
 import importlib.util
 import json
@@ -34,6 +42,57 @@ def make_cache(num_tokens, page_size, gen, pad=0):
     scales[..., :7] = torch.randint(122, 128, (pages, page_size, 7), device="cuda", generator=gen, dtype=torch.uint8)
     del r2
     return torch.as_strided(raw, (pages, page_size, 1, 584), (stride, 584, 584, 1))
+
+MAIN_TOKENS = 128   # DeepSeek-V4's main (compressed) top-k; the extra (window) list varies per shape
+
+
+class DecodeInputs:
+    """Input sets of one decode shape, as a decode step leaves them (see the module docstring).
+
+    cold (rows_footprint_mb > 0): one q / indices / lengths / sink set per shape shared by all calls, and as
+    many views of the cache pools (view v starts v * MAIN_SHIFT main pages / v * EXTRA_SHIFT extra pages in;
+    whole-page shifts keep the kernel's alignment rules) as it takes for the rows of one pass over the sets
+    to reach rows_footprint_mb. Otherwise (and in warm_sets) four sets with their own q and indices on one view."""
+    MAIN_PAGE, EXTRA_PAGE = 256, 64
+    MAIN_PAGES, EXTRA_PAGES = 65536 // 256, 262144 // 64
+    MAIN_SHIFT, EXTRA_SHIFT, MAX_VIEWS = 1, 4, 512
+
+    def __init__(self, gen, rows_footprint_mb=160):
+        self.gen, self.footprint = gen, rows_footprint_mb
+        self.cold = rows_footprint_mb > 0
+        views = self.MAX_VIEWS if self.cold else 1
+        self.main = make_cache((self.MAIN_PAGES + (views - 1) * self.MAIN_SHIFT) * self.MAIN_PAGE, self.MAIN_PAGE,
+                               gen, pad=576)
+        self.extra = make_cache((self.EXTRA_PAGES + (views - 1) * self.EXTRA_SHIFT) * self.EXTRA_PAGE,
+                                self.EXTRA_PAGE, gen)
+
+    def view(self, v):
+        return dict(k_cache=self.main[v * self.MAIN_SHIFT: v * self.MAIN_SHIFT + self.MAIN_PAGES],
+                    extra_k_cache=self.extra[v * self.EXTRA_SHIFT: v * self.EXTRA_SHIFT + self.EXTRA_PAGES])
+
+    def inputs(self, b, h_q, s_q, extra):
+        dev, gen = "cuda", self.gen
+        return dict(
+            q=torch.randn(b, s_q, h_q, 512, device=dev, generator=gen).bfloat16(),
+            indices=torch.randint(0, 65536, (b, s_q, MAIN_TOKENS), device=dev, generator=gen, dtype=torch.int32),
+            topk_length=torch.full((b,), MAIN_TOKENS, dtype=torch.int32, device=dev),
+            extra_indices=torch.randint(0, 262144, (b, s_q, extra), device=dev, generator=gen, dtype=torch.int32),
+            extra_topk_length=torch.full((b,), extra, dtype=torch.int32, device=dev),
+            attn_sink=torch.randn(h_q, device=dev, generator=gen),
+        )
+
+    def warm_sets(self, b, h_q, s_q, extra):
+        """The benchmark's sets before 2026-11-25: own q and indices per set, one cache view."""
+        return [dict(self.inputs(b, h_q, s_q, extra), **self.view(0)) for _ in range(4 if b <= 128 else 2)]
+
+    def sets(self, b, h_q, s_q, extra):
+        if not self.cold:
+            return self.warm_sets(b, h_q, s_q, extra)
+        # rows of one call: 576 data bytes + the 32-byte sector of its scale row
+        row_bytes = b * s_q * (MAIN_TOKENS + extra) * (576 + 32)
+        n = min(self.MAX_VIEWS, max(4 if b <= 128 else 2, math.ceil(self.footprint * 2 ** 20 / row_bytes)))
+        shared = self.inputs(b, h_q, s_q, extra)
+        return [dict(shared, **self.view(v)) for v in range(n)]
 
 
 def torch_impl(q, k_cache, indices, topk_length=None, extra_k_cache=None, extra_indices=None,
@@ -77,15 +136,41 @@ def load_triton_fallback(path):
     return mod
 
 
-def time_fn(fn, sets, reps, use_graph=True):
+# At least this much work per graph replay: the graph's own launch (several us from the start event to the first
+# kernel) is then < 1 % of the time per call. Until 2026-11-25 a graph held 8 calls, which added ~0.8 us to every
+# call at b = 1 (8.7-8.8 -> 7.9 us with the same inputs, H100; docs/sparse_decode.md run 47); a decode step's
+# graph holds a whole forward pass, so no single call pays that launch.
+MIN_GRAPH_US = 1000.0
+
+
+def time_fn(fn, sets, reps, use_graph=True, min_graph_us=None):
     """Median us per call. Captures len(sets)*k calls (rotating input sets) in one CUDA graph when
-    possible; otherwise times an eager loop."""
+    possible, k so that one replay takes >= min_graph_us (default MIN_GRAPH_US); otherwise times an eager loop."""
+    min_graph_us = MIN_GRAPH_US if min_graph_us is None else min_graph_us
     for a in sets:
         fn(a)
     torch.cuda.synchronize()
     per_graph = max(len(sets), 8 // len(sets) * len(sets))
     mode = "graph"
     g = None
+
+    def capture(n):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(n):
+                fn(sets[i % len(sets)])
+        g.replay()
+        torch.cuda.synchronize()
+        return g
+
+    def replay_us(g):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        g.replay()
+        en.record()
+        en.synchronize()
+        return st.elapsed_time(en) * 1e3
+
     if use_graph:
         try:
             s = torch.cuda.Stream()
@@ -94,12 +179,14 @@ def time_fn(fn, sets, reps, use_graph=True):
                 for a in sets:
                     fn(a)
             torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for i in range(per_graph):
-                    fn(sets[i % len(sets)])
-            g.replay()
-            torch.cuda.synchronize()
+            g = capture(per_graph)
+            t = min(replay_us(g) for _ in range(3))
+            if t < min_graph_us:   # more calls per replay, whole rounds of the sets, at most 4096 calls
+                k = min(math.ceil(min_graph_us / t), max(1, 4096 // per_graph))
+                if k > 1:
+                    del g
+                    per_graph *= k
+                    g = capture(per_graph)
         except Exception as e:  # noqa: BLE001
             g, mode = None, f"eager ({type(e).__name__})"
             torch.cuda.synchronize()
@@ -145,6 +232,7 @@ def measure_floors():
 
 
 def main():
+    global MIN_GRAPH_US
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench_sparse_decode")
     ap.add_argument("--reps", type=int, default=20)
@@ -154,9 +242,16 @@ def main():
     ap.add_argument("--impls", default=IMPL,
                     help="comma list of kernels to time (simt, mma, mma64, auto); the first is 'ours'")
     ap.add_argument("--only", default="", help="b,h_q,s_q,extra: time just this shape (e.g. under ncu)")
+    ap.add_argument("--min-graph-us", type=float, default=MIN_GRAPH_US,
+                    help="calls per CUDA graph so that one replay takes at least this long (0: 8 calls, as "
+                         "before 2026-11-25)")
+    ap.add_argument("--rows-footprint-mb", type=float, default=160,
+                    help="KV-row bytes one graph replay reads at least (MiB; q and indices shared and hot); "
+                         "0: four input sets with their own q and indices (rows L2-resident at small b)")
     ap.add_argument("--sglang-triton", default=os.path.join(
         ROOT, ".sglang/sglang-0.5.23/sglang/kernels/ops/attention/flash_mla_sm120_triton.py"))
     args = ap.parse_args()
+    MIN_GRAPH_US = args.min_graph_us
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda")
     bw, flops_rate = measure_floors()
@@ -170,9 +265,8 @@ def main():
         tri = None
         print(f"SGLang Triton fallback unavailable: {type(e).__name__}: {e}")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    main_tokens, page_main, page_extra = 128, 256, 64
-    main_cache = make_cache(65536, page_main, gen, pad=576)
-    extra_cache = make_cache(262144, page_extra, gen)
+    pools = DecodeInputs(gen, args.rows_footprint_mb)
+    cold = pools.cold
     bs = [1, 8, 32, 128, 1024] if not args.quick else [1, 128]
     if args.bs:
         bs = [int(v) for v in args.bs.split(",")]
@@ -185,31 +279,22 @@ def main():
     rows = []
     hdr = f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | {'ours us':>8} {'torch us':>9} {'sgl-tri us':>10} | " \
           f"{'x torch':>8} {'x tri':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} {'%flops':>7} {'%mma':>6}" + \
-          "".join(f" {i + ' us':>10}" for i in impls[1:])
-    print(f"ours = {impls[0]}")
+          "".join(f" {i + ' us':>10}" for i in impls[1:]) + f" | {'sets':>4} {'warm us':>8}"
+    print(f"ours = {impls[0]}; " + (
+        f"KV rows cold: >= {args.rows_footprint_mb:g} MiB of rows per graph replay, q and indices shared (hot); "
+        "'warm us': ours on four own-q/indices sets (rows in L2 at small b)"
+        if cold else "four input sets per shape with their own q and indices"))
     print(hdr)
     for (b, h_q, s_q, extra) in shapes:
-        nsets = 4 if b <= 128 else 2
-        sets = []
-        for _ in range(nsets):
-            a = dict(
-                q=torch.randn(b, s_q, h_q, 512, device=dev, generator=gen).bfloat16(),
-                k_cache=main_cache,
-                indices=torch.randint(0, 65536, (b, s_q, main_tokens), device=dev, generator=gen, dtype=torch.int32),
-                topk_length=torch.full((b,), main_tokens, dtype=torch.int32, device=dev),
-                extra_k_cache=extra_cache,
-                extra_indices=torch.randint(0, 262144, (b, s_q, extra), device=dev, generator=gen, dtype=torch.int32),
-                extra_topk_length=torch.full((b,), extra, dtype=torch.int32, device=dev),
-                attn_sink=torch.randn(h_q, device=dev, generator=gen),
-            )
-            sets.append(a)
-        T = main_tokens + extra
+        T = MAIN_TOKENS + extra
+        sets = pools.sets(b, h_q, s_q, extra)
+        nsets = len(sets)
         nbytes = b * T * 584 + 2 * b * s_q * h_q * 512 * 2
         nflops = 4 * b * s_q * h_q * T * 512
         floor_us = max(nbytes / bw, nflops / flops_rate) * 1e6
-        r = dict(b=b, h_q=h_q, s_q=s_q, main=main_tokens, extra=extra, impl=resolve_impl(h_q, impls[0]),
+        r = dict(b=b, h_q=h_q, s_q=s_q, main=MAIN_TOKENS, extra=extra, impl=resolve_impl(h_q, impls[0]),
                  splits=choose_splits(b, s_q, h_q, T, _sm_count(dev), impls[0])[0],
-                 bytes=nbytes, flops=nflops, floor_us=floor_us)
+                 bytes=nbytes, flops=nflops, floor_us=floor_us, input_sets=nsets, rows_cold=cold)
         # correctness spot check vs torch (fp32) on the first set
         o1, l1 = sparse_decode(**sets[0], impl=impls[0])
         if b * s_q * T * 512 * 4 <= 2 ** 31 and not args.only:
@@ -219,12 +304,18 @@ def main():
             key = "ours_us" if k == 0 else f"us_{im}"
             r[key], r[key.replace("us", "mode")] = time_fn(lambda a, im=im: sparse_decode(**a, impl=im),
                                                           sets, args.reps)
+        if cold and b <= 128:   # the same kernel on the old, L2-warm inputs, for comparison
+            r["ours_warm_us"], _ = time_fn(lambda a: sparse_decode(**a, impl=impls[0]),
+                                           pools.warm_sets(b, h_q, s_q, extra), args.reps)
         if args.only:
             print(r)
             continue
+        # competitors: every set where the sets are many (small b: otherwise their rows would stay in L2), else
+        # two (each set's rows already exceed the L2, and the torch version's intermediates are large)
+        comp_sets = sets if nsets > 4 else sets[:2]
         if b * s_q * T * 512 * 4 <= 2 ** 31 and b <= args.max_b_competitors:
             try:
-                r["torch_us"], _ = time_fn(lambda a: torch_impl(**a), sets[:2], max(5, args.reps // 4))
+                r["torch_us"], _ = time_fn(lambda a: torch_impl(**a), comp_sets, max(5, args.reps // 4))
             except Exception as e:  # noqa: BLE001
                 r["torch_err"] = f"{type(e).__name__}: {e}"[:200]
         if tri is not None and b <= args.max_b_competitors:
@@ -234,13 +325,13 @@ def main():
                     q, a["k_cache"], a["tri_idx"], a["tri_len"], a["attn_sink"], 512, None,
                     extra_k_cache=a["extra_k_cache"], extra_indices=a["tri_eidx"],
                     extra_topk_length=a["tri_elen"])
-            for a in sets:
+            for a in comp_sets:
                 a["tri_idx"] = a["indices"].reshape(b * s_q, 1, -1)
                 a["tri_eidx"] = a["extra_indices"].reshape(b * s_q, 1, -1)
                 a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
                 a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
             try:
-                r["sgl_triton_us"], r["sgl_triton_mode"] = time_fn(tri_fn, sets[:2], max(5, args.reps // 4))
+                r["sgl_triton_us"], r["sgl_triton_mode"] = time_fn(tri_fn, comp_sets, max(5, args.reps // 4))
             except Exception as e:  # noqa: BLE001
                 r["sgl_triton_err"] = f"{type(e).__name__}: {e}"[:200]
         r["pct_floor"] = 100 * floor_us / r["ours_us"]
@@ -255,13 +346,14 @@ def main():
               f"{f('sgl_triton_us'):>10} | {xr('torch_us'):>8} {xr('sgl_triton_us'):>8} | {floor_us:>8.1f} "
               f"{r['pct_floor']:>6.1f}% {r['pct_bytes']:>6.1f}% {r['pct_flops']:>6.1f}% "
               + (f"{r['pct_mma_sync']:>5.1f}%" if mma_rate else f"{'n/a':>6}")
-              + "".join(f" {r['us_' + i]:>10.1f}" for i in impls[1:]), flush=True)
+              + "".join(f" {r['us_' + i]:>10.1f}" for i in impls[1:])
+              + f" | {nsets:>4} {f('ours_warm_us'):>8}", flush=True)
         del sets
     if args.only:
         return
     res = dict(device=torch.cuda.get_device_name(), sms=_sm_count(dev), copy_bw_Bps=bw, bf16_flops=flops_rate,
                mma_sync_bf16_flops=mma_rate,
-               impls=impls,
+               impls=impls, rows_footprint_mb=args.rows_footprint_mb,
                torch=torch.__version__, rows=rows, time=time.strftime("%Y-%m-%d %H:%M:%S"))
     with open(os.path.join(args.out, "bench_sparse_decode.json"), "w") as fh:
         json.dump(res, fh, indent=1)

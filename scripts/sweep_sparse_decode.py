@@ -8,6 +8,8 @@ Not a test; the data behind the rule (docs/sparse_decode.md). Prints a table per
 
 Each point is checked against the shipped choice's output on the same inputs (bf16 outputs of two
 orderings of the same fp32 sums: max abs difference <= 2^-6 of the output's scale) before it is timed.
+Inputs and timing as bench_sparse_decode.py (since run 47: KV rows from HBM, q and indices hot, >= 1 ms of
+calls per graph replay; --rows-footprint-mb 0 for the L2-warm sets of runs 26-45).
 """
 import argparse
 import json
@@ -19,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_sparse_decode import make_cache, time_fn  # noqa: E402
+from bench_sparse_decode import DecodeInputs, MAIN_TOKENS, time_fn  # noqa: E402
 import deepseek_v4_kernel.ops.sparse_decode as sd  # noqa: E402
 
 HPB_IMPL = {16: "mma64h16", 32: "mma64h32", 64: "mma64"}
@@ -63,6 +65,9 @@ def main():
     ap.add_argument("--sqs", default="1,2")
     ap.add_argument("--extras", default="512,2048")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rows-footprint-mb", type=float, default=160,
+                    help="inputs as in bench_sparse_decode.py (default: KV rows from HBM, q and indices hot); "
+                         "0: the four L2-warm sets of the sweeps before 2026-11-25")
     ap.add_argument("--max-blocks-per-sm", type=int, default=3,
                     help="skip points whose grid has more than this many blocks per SM")
     args = ap.parse_args()
@@ -70,31 +75,18 @@ def main():
     dev = torch.device("cuda", 0)
     num_sms = sd._sm_count(dev)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    main_tokens = 128
-    main_cache = make_cache(65536, 256, gen, pad=576)
-    extra_cache = make_cache(262144, 64, gen)
+    pools = DecodeInputs(gen, args.rows_footprint_mb)
     orig_choose, orig_launch = sd.choose_splits, sd.mma64_launch
-    res = {"device": torch.cuda.get_device_name(0), "num_sms": num_sms, "rows": []}
+    res = {"device": torch.cuda.get_device_name(0), "num_sms": num_sms, "rows_footprint_mb": args.rows_footprint_mb,
+           "rows": []}
     print(f"{torch.cuda.get_device_name(0)} SMs={num_sms}")
     for b in [int(v) for v in args.bs.split(",")]:
         for h_q in [int(v) for v in args.hs.split(",")]:
             for s_q in [int(v) for v in args.sqs.split(",")]:
                 for extra in [int(v) for v in args.extras.split(",")]:
-                    T = main_tokens + extra
+                    T = MAIN_TOKENS + extra
                     tiles = -(-T // sd.TOK_TILE)
-                    sets = []
-                    for _ in range(4):
-                        sets.append(dict(
-                            q=torch.randn(b, s_q, h_q, 512, device=dev, generator=gen).bfloat16(),
-                            k_cache=main_cache,
-                            indices=torch.randint(0, 65536, (b, s_q, main_tokens), device=dev, generator=gen,
-                                                  dtype=torch.int32),
-                            topk_length=torch.full((b,), main_tokens, dtype=torch.int32, device=dev),
-                            extra_k_cache=extra_cache,
-                            extra_indices=torch.randint(0, 262144, (b, s_q, extra), device=dev, generator=gen,
-                                                        dtype=torch.int32),
-                            extra_topk_length=torch.full((b,), extra, dtype=torch.int32, device=dev),
-                            attn_sink=torch.randn(h_q, device=dev, generator=gen)))
+                    sets = pools.sets(b, h_q, s_q, extra)
                     hpb_auto, s_auto, _ = sd.mma64_launch(b, s_q, h_q, T, num_sms)
                     ref_out, _ = sd.sparse_decode(**sets[0])
                     t_auto, _ = time_fn(lambda a: sd.sparse_decode(**a), sets, args.reps)
