@@ -27,10 +27,11 @@ from ._workspace import scratch as _scratch
 
 _WORKSPACES: dict = {}   # split-KV partials: fp32 [splits, b*s_q, h_q, 512] then [splits, b*s_q, h_q]
 # Largest split-KV workspace kept per (device, stream), in floats (64 MiB). The decode shapes stay under it
-# (main 128 + extra 512 positions, 132-188 SMs: at most 40 MiB, splits x b x s_q x h_q = 20480, e.g. b = 160,
-# h_q 64 in two splits on 132 SMs, b = 20, h_q 128, s_q 4 in two). The launch rule also splits some calls of
-# hundreds of rows to fill the last wave (H100 run 45: 1.22-1.28x at b 133-160 with 2048 extra positions;
-# up to ~650 MiB of partials with 10K positions); those get a per-call allocation, as every call did before.
+# (main 128 + extra 512 positions, 132-188 SMs: at most 29 MiB with the run-47 launch rule, e.g. b = 228,
+# h_q 32 in two splits on 170 SMs; 40 MiB with the run-26 one; tests/test_sparse_decode.py). The launch rule
+# also splits some calls of hundreds of rows to fill the last wave (H100 run 45: 1.22-1.28x at b 133-160 with
+# 2048 extra positions; up to ~650 MiB of partials with 10K positions); those get a per-call allocation, as
+# every call did before.
 WORKSPACE_CAP = 16 << 20
 
 OP = "sparse_decode"
@@ -93,17 +94,21 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
 
 
 # Cost model of one mma64 call (split grid + combine), in H100 microseconds: a least-squares fit
-# (relative error) to run 26's sweep of every heads-per-block x split count at b 1..16, h_q 16..128,
-# s_q 1..2, extra 512 / 2048 (1780 points; docs/sparse_decode.md "Launch shape",
-# scripts/sweep_sparse_decode.py). On a re-run of the sweep with this code its argmin is within 3.8 % of
-# the fastest measured point on each of the 80 shapes (the old rule: up to 1.28x; tests/test_sparse_decode.py
-# checks the picks against those data):
-#   base + waves * (tiles per split * tile[hpb] + wave) + [splits > 1] partial MB * part_mb
+# (relative error) to run 47's sweep of every heads-per-block x split count at b 1..16, h_q 16..128,
+# s_q 1..2, extra 512 / 2048 (80 shapes, 1780 points; docs/sparse_decode.md "Launch shape",
+# scripts/sweep_sparse_decode.py), with KV rows from HBM and q / indices hot, as in a decode step:
+#   base + waves * (tiles per split * tile[hpb] + wave)
+#        + [splits > 1] * (partial MB * part_mb + waves * hpb / 16 * store16)
 # waves = ceil(blocks / num_sms) (one 101 KB, 255-register block per SM); partial MB = the fp32 partial
-# outputs written by the split grid and read back by the combine. Only the argmin is used; the SM count
-# comes from the device, the per-tile and per-byte weights are the H100's (SM120: slower DRAM, so the
-# partial term would weigh somewhat more).
-M64_COST = dict(base=4.88, tile={16: 1.84, 32: 2.11, 64: 2.74}, wave=1.32, part_mb=0.62)
+# outputs written by the split grid and read back by the combine; store16 = the split blocks' own partial
+# stores at the end of each wave (hpb x 2 KB per block, ~30 B/clk per SM: run 20's traces). Its argmin is
+# the fastest measured point on all 80 shapes, on 32 shapes measured on another H100 before the fit, and
+# on run 26's 80 shapes (L2-warm inputs, the run-26 library); the run-26 model, without the store term,
+# picked 32-head blocks x 10 splits on six shapes with 128 head rows x 512 extra positions where 16 x 7
+# is 8-11 % faster (tests/test_sparse_decode.py checks the picks against all three sets). Only the argmin
+# is used; the SM count comes from the device, the weights are the H100's (SM120: slower DRAM, so the
+# partial terms would weigh somewhat more).
+M64_COST = dict(base=4.00, tile={16: 1.815, 32: 2.01, 64: 2.564}, wave=0.393, part_mb=0.532, store16=0.631)
 
 
 def mma64_cost(b: int, s_q: int, h_q: int, tiles: int, hpb: int, splits: int, num_sms: int) -> float:
@@ -114,7 +119,7 @@ def mma64_cost(b: int, s_q: int, h_q: int, tiles: int, hpb: int, splits: int, nu
     waves = -(-blocks // num_sms)
     c = M64_COST["base"] + waves * (per * M64_COST["tile"][hpb] + M64_COST["wave"])
     if splits > 1:
-        c += splits * b * s_q * h_q * D * 4 / 1e6 * M64_COST["part_mb"]
+        c += splits * b * s_q * h_q * D * 4 / 1e6 * M64_COST["part_mb"] + waves * hpb / 16 * M64_COST["store16"]
     return c
 
 
