@@ -76,6 +76,11 @@ def test_sparse_decode_resources_sm120a(tmp_path):
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()}, "dynamic smem", dyn)
     assert any("sparse_decode_kernel" in n for n in seen) and any("combine" in n for n in seen)
     assert any("sparse_decode_mma64_kernel" in n for n in seen)
+    # the combine's instances (sparse_decode.cu's launcher): kChunk 4 / 16 / 24 x one or two blocks per head row
+    # (kZ), each with registers for at least two of its blocks (128 / kZ threads) per SM
+    combine = {k: v for k, v in seen.items() if "combine" in k}
+    assert len(combine) == 5, list(combine)
+    assert all(regs * 128 * 2 <= 65536 for regs, _ in combine.values()), combine
 
 
 @pytest.mark.parametrize("flags", [(), ("-DDSV4_FP4_MOE_EARLY_WEIGHTS=0",)], ids=["default", "no_early_weights"])

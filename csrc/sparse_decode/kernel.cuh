@@ -291,17 +291,23 @@ sparse_decode_kernel(const SparseDecodeParams p) {
   }
 }
 
-// Merge split partials: grid (b*s_q, h_q), 128 threads x 4 dims, num_splits <= DSV4_SPARSE_DECODE_MAX_SPLITS
-// (params.h: the lse values of splits k and k + 32 sit in one lane).
+// Merge split partials: grid (b*s_q, h_q, kZ), 128 / kZ threads x 4 dims (block z: dims [512 z / kZ, +512 / kZ)),
+// num_splits <= DSV4_SPARSE_DECODE_MAX_SPLITS (params.h: the lse values of splits k and k + 32 sit in one lane).
 // Latency bound (a few KB per block), so what counts is the number of dependent global round trips:
 // the first kChunk partial vectors and the split lse values (lane k holds splits k and k + 32) are
 // loaded together; every warp reduces the lse values itself (shuffles: no smem, no barrier) and the
 // weights reach the lanes by shuffles. One round trip for num_splits <= kChunk (the old kernel took
 // four at 20 splits: 4.0 vs 1.8 us on the H100, run 20). kChunk 16 costs ~94 registers (sm_120a), which halves
-// the blocks per SM, so few splits (large b: many combine blocks) use kChunk 4.
+// the blocks per SM, so few splits (large b: many combine blocks) use kChunk 4; 17-24 splits take kChunk 24
+// (~127 registers): one round trip instead of 16 + the rest (H100 run 48: 3-3.5 % faster at 23 splits; one round
+// of 32 for 25-34 splits, 154 registers, was 7 % slower than 16 + 16 + 2, so > 24 splits keep kChunk 16).
+// kZ = 2 on small grids (kCombineSmallGrid): each head row's ~40 KB of partials (20 splits) stream into two SMs
+// instead of one. b = 1, h_q 64, 20 splits: kChunk 24 alone 1.9 %, kZ = 2 alone 1.3 %, both 3.5-4 % (8.1-8.2 ->
+// 7.8-7.9 us); h_q 16 / 32: 5-7 %.
+constexpr int64_t kCombineSmallGrid = 128;   // rows x h_q up to which the combine uses kZ = 2 (512 was no better)
 static_assert(DSV4_SPARSE_DECODE_MAX_SPLITS <= 64, "the combine kernel holds two split lse values per lane");
-template <int kChunk>
-__global__ void __launch_bounds__(128)
+template <int kChunk, int kZ = 1>
+__global__ void __launch_bounds__(128 / kZ)
 sparse_decode_combine_kernel(const SparseDecodeParams p) {
   pdl_launch_dependents();   // the next decode call's split grid may get resident while this one runs
   pdl_wait();                // the split grid has completed and its partials are visible
@@ -313,7 +319,8 @@ sparse_decode_combine_kernel(const SparseDecodeParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t kstride = rows * p.h_q;                     // split k of (row, h) at [k * kstride + row * h_q + h]
   const float* lp = p.lse_part + row * p.h_q + h;
-  const float* op = p.o_part + (row * p.h_q + h) * kDim + threadIdx.x * 4;
+  const int d0 = (int)blockIdx.z * (kDim / kZ) + threadIdx.x * 4;   // kZ blocks per head row, 512 / kZ dims each
+  const float* op = p.o_part + (row * p.h_q + h) * kDim + d0;
   const float sink = p.attn_sink != nullptr ? p.attn_sink[h] : 0.f;
   float4 v[kChunk];
 #pragma unroll
@@ -353,8 +360,8 @@ sparse_decode_combine_kernel(const SparseDecodeParams p) {
   uint2 u;
   u.x = *(uint32_t*)&lo;
   u.y = *(uint32_t*)&hi;
-  *(uint2*)((__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + threadIdx.x * 4) = u;
-  if (threadIdx.x == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
+  *(uint2*)((__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + d0) = u;
+  if (threadIdx.x == 0 && blockIdx.z == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
 }
 
 }  // namespace dsv4

@@ -66,9 +66,14 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
                kThreads, kSmemBytes, pdl, stream, p);
   }
   if (e != cudaSuccess || p.num_splits == 1) return e;
-  // the combine grid (PDL): scheduled while the split grid drains, waits in pdl_wait()
-  return launch_kernel(p.num_splits <= 4 ? sparse_decode_combine_kernel<4> : sparse_decode_combine_kernel<16>,
-                dim3((unsigned)rows, (unsigned)p.h_q), 128, 0, pdl, stream, p);
+  // the combine grid (PDL): scheduled while the split grid drains, waits in pdl_wait(). kChunk (kernel.cuh): 4 for
+  // <= 4 splits, 24 for 17-24 (one round trip), 16 otherwise; small grids split each head row over two blocks.
+  const bool two = p.num_splits > 4 && rows * p.h_q <= kCombineSmallGrid;
+  auto* kern = p.num_splits <= 4 ? sparse_decode_combine_kernel<4, 1>
+               : p.num_splits > 16 && p.num_splits <= 24
+                   ? (two ? sparse_decode_combine_kernel<24, 2> : sparse_decode_combine_kernel<24, 1>)
+                   : (two ? sparse_decode_combine_kernel<16, 2> : sparse_decode_combine_kernel<16, 1>);
+  return launch_kernel(kern, dim3((unsigned)rows, (unsigned)p.h_q, two ? 2u : 1u), two ? 64 : 128, 0, pdl, stream, p);
 }
 
 }  // namespace dsv4
