@@ -54,8 +54,8 @@ __device__ __forceinline__ int trace_blk() { return (int)(blockIdx.z * gridDim.x
     # combine kernel: 13 entry, 14 after pdl_wait, 15 end
     _sub(k, r"^  pdl_launch_dependents\(\);   // the next decode", r"  if (threadIdx.x == 0) TR(13, gtime());\n\g<0>")
     _sub(k, r"^  const int64_t row = blockIdx.x;\n  const int h = blockIdx.y;", r"  if (threadIdx.x == 0) TR(14, gtime());\n\g<0>")
-    _sub(k, r"^(  if \(threadIdx\.x == 0\) p\.lse\[\(bi \* p\.h_q \+ h\) \* p\.s_q \+ si\] = lse_out\(lse\);\n)\}",
-         r"\1  if (threadIdx.x == 0) TR(15, gtime());\n}")
+    _sub(k, r"^(  if \(threadIdx\.x == 0 && blockIdx\.z == 0\) p\.lse\[\(bi \* p\.h_q \+ h\) \* p\.s_q \+ si\] = "
+         r"lse_out\(lse\);\n)\}", r"\1  if (threadIdx.x == 0) TR(15, gtime());\n}")
     m = os.path.join(dst, "sparse_decode/kernel_mma64.cuh")
     _sub(m, r"^  float\* Lf = Sx \+ kM64Heads;", r"\g<0>\n  if (threadIdx.x == 0) TR(0, gtime());\n"
          r"  long long c_s = 0, c_a = 0, c_b = 0, c_pv = 0, c0 = 0, c1 = 0, c2 = 0, c3 = 0;")
@@ -159,7 +159,7 @@ def run():
                     f" warp 4: C {cyc(9):.0f} issue+S+A {cyc(10):.0f} ph2+wait+B {cyc(11):.0f} PV+dq {cyc(12):.0f}")
         if splits > 1:
             nc = min(NBLK, b * h)
-            line.append(f"| combine ({b * h} blocks): entry {min(rel(13, nc)):.2f}..{max(rel(13, nc)):.2f} "
+            line.append(f"| combine (z = 0: {b * h} blocks): entry {min(rel(13, nc)):.2f}..{max(rel(13, nc)):.2f} "
                         f"after wait {med(rel(14, nc)):.2f} end {med(rel(15, nc)):.2f} (max {max(rel(15, nc)):.2f})")
         print(" ".join(line), flush=True)
 
