@@ -43,6 +43,7 @@ def make_cache(num_tokens, page_size, gen, pad=0):
     del r2
     return torch.as_strided(raw, (pages, page_size, 1, 584), (stride, 584, 584, 1))
 
+
 MAIN_TOKENS = 128   # DeepSeek-V4's main (compressed) top-k; the extra (window) list varies per shape
 
 
