@@ -312,17 +312,21 @@ def test_gpu_vs_reference(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles, splits", [(26, 1), (26, 2), (26, 4), (26, 5), (26, 7), (26, 9), (26, 13),
-                                           (26, 26), (40, 20), (40, 40), (64, 22), (64, 32), (64, 64)])
+@pytest.mark.parametrize("b, tiles, splits", [(2, 26, 1), (2, 26, 2), (2, 26, 4), (2, 26, 5), (2, 26, 7), (2, 26, 9),
+                                              (2, 26, 13), (2, 26, 26), (2, 40, 20), (2, 40, 40), (2, 64, 22),
+                                              (2, 64, 32), (2, 64, 64), (1, 26, 5), (1, 26, 13), (1, 40, 20),
+                                              (1, 26, 26), (1, 64, 64)])
 @pytest.mark.parametrize("impl", ["mma64", "mma64h16"])
-def test_gpu_forced_split_counts(monkeypatch, impl, tiles, splits):
-    """Both combine variants (kChunk 4 for <= 4 splits, 16 above: 17..64 splits take two to four rounds)
-    and the split counts the cost model may pick, forced through the launch-shape functions, all
-    optional arguments present. `tiles` 32-token tiles (128 main + the rest extra positions); each count
-    is ceil(tiles / tiles per split), as the rule makes it."""
+def test_gpu_forced_split_counts(monkeypatch, impl, b, tiles, splits):
+    """Every combine instance (kChunk 4 for <= 4 splits, 24 for 17..24, 16 otherwise: 25..64 splits take two
+    to four rounds; each head row in one block, or in two when rows x h_q <= 128: the b = 1 cases) and the
+    split counts the cost model may pick, forced through the launch-shape functions, all optional arguments
+    present. `tiles` 32-token tiles (128 main + the rest extra positions); each count is
+    ceil(tiles / tiles per split), as the rule makes it."""
     extra = tiles * 32 - 128
-    a = _to_cuda(_case(b=2, s_q=2, h_q=64, topk=128, extra_topk=extra, n_extra=extra + 200, with_len=True,
-                       with_extra_len=True, sink=True, seed=7 + tiles))
+    s_q = 2 if b == 2 else 1   # rows x h_q = 256 (one block per head row) or 64 (two)
+    a = _to_cuda(_case(b=b, s_q=s_q, h_q=64, topk=128, extra_topk=extra, n_extra=extra + 200, with_len=True,
+                       with_extra_len=True, sink=True, seed=7 + tiles + b))
     per = -(-tiles // splits)
     assert -(-tiles // per) == splits
     hpb = sd.HEAD_TILE[impl]
