@@ -104,8 +104,8 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
 # stores at the end of each wave (hpb x 2 KB per block, ~30 B/clk per SM: run 20's traces). Its argmin is
 # the fastest measured point on all 80 shapes, on 32 shapes measured on another H100 before the fit, and
 # on run 26's 80 shapes (L2-warm inputs, the run-26 library); the run-26 model, without the store term,
-# picked 32-head blocks x 10 splits on six shapes with 128 head rows x 512 extra positions where 16 x 7
-# is 8-11 % faster (tests/test_sparse_decode.py checks the picks against all three sets). Only the argmin
+# picked 32-head blocks x 10 splits on six shapes with 256 head rows (b s_q h_q) and 512 extra positions,
+# where 16 x 7 is 8-11 % faster (tests/test_sparse_decode.py checks the picks against all three sets). Only the argmin
 # is used; the SM count comes from the device, the weights are the H100's (SM120: slower DRAM, so the
 # partial terms would weigh somewhat more).
 M64_COST = dict(base=4.00, tile={16: 1.815, 32: 2.01, 64: 2.564}, wave=0.393, part_mb=0.532, store16=0.631)
