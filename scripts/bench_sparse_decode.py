@@ -144,10 +144,19 @@ def load_triton_fallback(path):
 MIN_GRAPH_US = 1000.0
 
 
-def time_fn(fn, sets, reps, use_graph=True, min_graph_us=None):
+def _elapsed_us(run):
+    """Wall time of run() on the GPU, by CUDA events around it (us)."""
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    st.record()
+    run()
+    en.record()
+    en.synchronize()
+    return st.elapsed_time(en) * 1e3
+
+
+def time_fn(fn, sets, reps, use_graph=True, min_graph_us=MIN_GRAPH_US):
     """Median us per call. Captures len(sets)*k calls (rotating input sets) in one CUDA graph when
-    possible, k so that one replay takes >= min_graph_us (default MIN_GRAPH_US); otherwise times an eager loop."""
-    min_graph_us = MIN_GRAPH_US if min_graph_us is None else min_graph_us
+    possible, k so that one replay takes >= min_graph_us; otherwise times an eager loop."""
     for a in sets:
         fn(a)
     torch.cuda.synchronize()
@@ -164,14 +173,6 @@ def time_fn(fn, sets, reps, use_graph=True, min_graph_us=None):
         torch.cuda.synchronize()
         return g
 
-    def replay_us(g):
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        g.replay()
-        en.record()
-        en.synchronize()
-        return st.elapsed_time(en) * 1e3
-
     if use_graph:
         try:
             s = torch.cuda.Stream()
@@ -181,7 +182,7 @@ def time_fn(fn, sets, reps, use_graph=True, min_graph_us=None):
                     fn(a)
             torch.cuda.current_stream().wait_stream(s)
             g = capture(per_graph)
-            t = min(replay_us(g) for _ in range(3))
+            t = min(_elapsed_us(g.replay) for _ in range(3))
             if t < min_graph_us:   # more calls per replay, whole rounds of the sets, at most 4096 calls
                 k = min(math.ceil(min_graph_us / t), max(1, 4096 // per_graph))
                 if k > 1:
@@ -191,18 +192,13 @@ def time_fn(fn, sets, reps, use_graph=True, min_graph_us=None):
         except Exception as e:  # noqa: BLE001
             g, mode = None, f"eager ({type(e).__name__})"
             torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        if g is not None:
-            g.replay()
-        else:
-            for i in range(per_graph):
-                fn(sets[i % len(sets)])
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) * 1e3 / per_graph)
+
+    def eager():
+        for i in range(per_graph):
+            fn(sets[i % len(sets)])
+
+    run = g.replay if g is not None else eager
+    times = [_elapsed_us(run) / per_graph for _ in range(reps)]
     return statistics.median(times), mode
 
 
@@ -233,7 +229,6 @@ def measure_floors():
 
 
 def main():
-    global MIN_GRAPH_US
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench_sparse_decode")
     ap.add_argument("--reps", type=int, default=20)
@@ -252,7 +247,6 @@ def main():
     ap.add_argument("--sglang-triton", default=os.path.join(
         ROOT, ".sglang/sglang-0.5.23/sglang/kernels/ops/attention/flash_mla_sm120_triton.py"))
     args = ap.parse_args()
-    MIN_GRAPH_US = args.min_graph_us
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda")
     bw, flops_rate = measure_floors()
@@ -304,10 +298,11 @@ def main():
         for k, im in enumerate(impls):
             key = "ours_us" if k == 0 else f"us_{im}"
             r[key], r[key.replace("us", "mode")] = time_fn(lambda a, im=im: sparse_decode(**a, impl=im),
-                                                          sets, args.reps)
+                                                          sets, args.reps, min_graph_us=args.min_graph_us)
         if cold and b <= 128:   # the same kernel on the old, L2-warm inputs, for comparison
             r["ours_warm_us"], _ = time_fn(lambda a: sparse_decode(**a, impl=impls[0]),
-                                           pools.warm_sets(b, h_q, s_q, extra), args.reps)
+                                           pools.warm_sets(b, h_q, s_q, extra), args.reps,
+                                           min_graph_us=args.min_graph_us)
         if args.only:
             print(r)
             continue
@@ -316,7 +311,8 @@ def main():
         comp_sets = sets if nsets > 4 else sets[:2]
         if b * s_q * T * 512 * 4 <= 2 ** 31 and b <= args.max_b_competitors:
             try:
-                r["torch_us"], _ = time_fn(lambda a: torch_impl(**a), comp_sets, max(5, args.reps // 4))
+                r["torch_us"], _ = time_fn(lambda a: torch_impl(**a), comp_sets, max(5, args.reps // 4),
+                                           min_graph_us=args.min_graph_us)
             except Exception as e:  # noqa: BLE001
                 r["torch_err"] = f"{type(e).__name__}: {e}"[:200]
         if tri is not None and b <= args.max_b_competitors:
@@ -332,7 +328,8 @@ def main():
                 a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
                 a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
             try:
-                r["sgl_triton_us"], r["sgl_triton_mode"] = time_fn(tri_fn, comp_sets, max(5, args.reps // 4))
+                r["sgl_triton_us"], r["sgl_triton_mode"] = time_fn(tri_fn, comp_sets, max(5, args.reps // 4),
+                                                                   min_graph_us=args.min_graph_us)
             except Exception as e:  # noqa: BLE001
                 r["sgl_triton_err"] = f"{type(e).__name__}: {e}"[:200]
         r["pct_floor"] = 100 * floor_us / r["ours_us"]
