@@ -197,25 +197,32 @@ def test_choose_splits_shapes_only():
         sd.resolve_impl(64, "nope")
 
 
+def _launch_sweep(name):
+    """(shape row, {(heads per block, splits): us}, fastest us, the current rule's pick) per shape of a
+    committed launch sweep (docs/sparse_decode_runs/<name>, written by scripts/sweep_sparse_decode.py)."""
+    import json
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "sparse_decode_runs",
+                        name)
+    data = json.load(open(path))
+    for r in data["rows"]:
+        us = {(h, n): t for h, n, t in r["points"]}
+        hpb, n, _ = sd.mma64_launch(r["b"], r["s_q"], r["h_q"], data["main_tokens"] + r["extra"], data["num_sms"])
+        yield r, us, min(us.values()), (hpb, n)
+
+
 def test_mma64_launch_picks_against_the_measured_sweep():
     """The launch-shape rule vs H100 run 26's sweep (L2-warm inputs, the run-26 library: every
     heads-per-block x split count, 80 shapes at b 1..16; data the run-47 model was not fitted to): its pick
     is within 5 % of the fastest measured point on every shape (run-to-run noise is ~2-3 %), and never more
     than 3 % slower than the rule before run 26, which was up to 1.28x off here."""
-    import json
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "sparse_decode_runs",
-                        "h100_run26_launch_sweep.json")
-    data = json.load(open(path))
-    assert len(data["rows"]) == 80
+    rows = list(_launch_sweep("h100_run26_launch_sweep.json"))
+    assert len(rows) == 80
     worst_old = 1.0
-    for r in data["rows"]:
-        us = {(h, n): t for h, n, t in r["points"]}
-        best = min(us.values())
-        hpb, n, _ = sd.mma64_launch(r["b"], r["s_q"], r["h_q"], data["main_tokens"] + r["extra"], data["num_sms"])
-        pick = us[(hpb, n)]
+    for r, us, best, choice in rows:
+        pick = us[choice]
         old = us[tuple(r["rule_run25"])]
         worst_old = max(worst_old, old / best)
-        assert pick <= 1.05 * best, (r["b"], r["h_q"], r["s_q"], r["extra"], (hpb, n), pick, best)
+        assert pick <= 1.05 * best, (r["b"], r["h_q"], r["s_q"], r["extra"], choice, pick, best)
         assert pick <= old * 1.03, (r["b"], r["h_q"], r["s_q"], r["extra"], pick, old)
     assert worst_old > 1.2    # the data do tell the two rules apart
 
@@ -226,17 +233,10 @@ def test_mma64_launch_picks_against_the_cold_sweeps(name):
     indices hot): the 80 shapes the run-47 model was fitted to, and 32 shapes measured on another H100
     before the fit. Its pick is within 3 % of the fastest measured point on every shape, while the
     run-26 rule (stored with each shape as measured) was 8-11 % off on six of them."""
-    import json
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "sparse_decode_runs",
-                        name)
-    data = json.load(open(path))
     worst_run26 = 1.0
-    for r in data["rows"]:
-        us = {(h, n): t for h, n, t in r["points"]}
-        best = min(us.values())
-        hpb, n, _ = sd.mma64_launch(r["b"], r["s_q"], r["h_q"], data["main_tokens"] + r["extra"], data["num_sms"])
-        assert (hpb, n) in us, ("pick outside the swept points", r["b"], r["h_q"], r["s_q"], r["extra"], (hpb, n))
-        assert us[(hpb, n)] <= 1.03 * best, (r["b"], r["h_q"], r["s_q"], r["extra"], (hpb, n), us[(hpb, n)], best)
+    for r, us, best, choice in _launch_sweep(name):
+        assert choice in us, ("pick outside the swept points", r["b"], r["h_q"], r["s_q"], r["extra"], choice)
+        assert us[choice] <= 1.03 * best, (r["b"], r["h_q"], r["s_q"], r["extra"], choice, us[choice], best)
         worst_run26 = max(worst_run26, us[tuple(r["rule_run26"])] / best)
     assert worst_run26 > 1.07    # the data tell the two models apart
 
