@@ -28,7 +28,7 @@ if [ "${DEVICE_TESTS:-1}" != 0 ]; then   # DEVICE_TESTS=0: benches only (a secon
     log "doctor rc=${PIPESTATUS[0]}"
 
     log "tests"
-    timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rs -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$work/pytest.log" 2>&1
+    timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$work/pytest.log" 2>&1
     log "pytest rc=$?"
     tail -15 "$work/pytest.log" | tee -a "$work/summary.log"
 fi

@@ -541,3 +541,59 @@ def test_sm120_aot_smem_and_instructions(sm120_aot):
             assert d["mxf8f6f4"] and d["block_scale"], d
         else:
             assert not d["block_scale"], d
+
+
+# ----------------------------------------------------------------------------- GPU fuzz
+# Random calls beyond the hand-picked cases: tokens, hidden / I sizes (multiples of 32, some not of 128, which
+# the compiled decode kernels refuse by name), experts, top-k, dropped and out-of-range ids, skewed routing,
+# ids / weights dtypes, swiglu clamp, scaling factor, a caller's out, strided x, each impl, and the grid sized
+# for 188 / 170 / 24 SMs or this GPU's (op.sm_count). DSV4_FUZZ_CASES (default 8) calls per run from seed
+# DSV4_FUZZ_SEED (default 0); a failure names its seed.
+FUZZ_CASES = int(os.environ.get("DSV4_FUZZ_CASES", "8"))
+FUZZ_SEED = int(os.environ.get("DSV4_FUZZ_SEED", "0"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+def test_gpu_fuzz(monkeypatch, seed):
+    import random
+    r = random.Random(seed)
+    H = r.choice([4096, 4096, 128 * r.randint(1, 16), 32 * r.randint(1, 64)])
+    I = r.choice([1024, 2048, 128 * r.randint(1, 16), 32 * r.randint(1, 64)])
+    E = r.choice([4, 8, 16, 32, 64, 256])
+    while E > 1 and E * H * I * 3 > 2 ** 28:   # bounded weight generation
+        E //= 2
+    k = r.randint(1, min(8, E))
+    M = r.choice([r.randint(1, 48), int(2 ** r.uniform(0, 10))])
+    impl = r.choice([None, None, "dequant", "dot_scaled", "mxfp8", "cuda_decode"])
+    drop = r.choice([0.0, 0.0, 0.1, 1.0])
+    skew = r.random() < 0.3
+    lim = r.choice([None, 10.0])
+    rsf = r.choice([None, 1.5, 2.5])
+    sms = r.choice([None, 170, 188, 24])
+    desc = (f"seed {seed}: M={M} H={H} I={I} E={E} k={k} impl={impl} drop={drop} skew={skew} lim={lim} "
+            f"rsf={rsf} sms={sms}")
+    print(desc)
+    if sms:
+        monkeypatch.setattr(op, "sm_count", lambda dev, n=sms: n)
+    w = _gpu_weights(E, H, I)
+    tw, ids = make_routing(M, E, k, "cuda", seed=seed, drop=drop, skew=skew)
+    if r.random() < 0.2:   # ids past the experts: dropped like -1
+        ids = torch.where(torch.rand(ids.shape, device="cuda") < 0.1, torch.full_like(ids, E + 3), ids)
+    ids = ids.to(r.choice([torch.int32, torch.int64]))
+    tw = tw.to(r.choice([torch.float32, torch.bfloat16, torch.float16]))
+    x = torch.randn(M, H, device="cuda").bfloat16() * (4.0 if lim else 1.0)
+    if r.random() < 0.2:
+        x = torch.cat([x, torch.zeros(M, 64, device="cuda", dtype=torch.bfloat16)], 1)[:, :H]
+    impl = impl or op.pick_impl(x, w[0], w[2], k)   # what impl=None runs (the reference must know mxfp8)
+    if impl == "cuda_decode":
+        _need_cuda_decode()
+        why = op._cuda_decode_unsupported(x, w[0], w[2], M * k, H, I)
+        if why is not None:
+            with pytest.raises(UnsupportedCase, match="impl 'cuda_decode'"):
+                op.fp4_moe(x, *w, tw, ids, impl=impl)
+            return
+    try:
+        run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=lim, rsf=rsf, use_out=r.random() < 0.5)
+    except AssertionError as e:
+        raise AssertionError(f"{desc} ran {op.LAST_KERNELS.get('config')}\n{e}") from None

@@ -652,3 +652,97 @@ def test_workspace_is_reused_and_outgrown_buffers_stay_alive():
     h = hp._workspace(dev, 1000, torch.bfloat16)  # the pre-split fn planes: a buffer of their own
     assert h.dtype == torch.bfloat16 and h.data_ptr() != a.data_ptr()
     assert hp._workspace(dev, 3000, torch.bfloat16).data_ptr() == h.data_ptr()
+
+
+# ---------------------------------------------------------------- GPU fuzz
+# Random calls beyond the hand-picked cases: m, K, n, num_splits, kernel, forced sub-split count, strided x /
+# fn / out / sqrsum, precision mode, and the grid sized for the SM counts of the cards we ship for (RTX PRO
+# 6000: 188, RTX 5090: 170) or a small one, through hp.sm_count (the only place the SM count enters).
+# DSV4_FUZZ_CASES (default 8) calls per run from seed DSV4_FUZZ_SEED (default 0); a failure names its seed.
+FUZZ_CASES = int(os.environ.get("DSV4_FUZZ_CASES", "8"))
+FUZZ_SEED = int(os.environ.get("DSV4_FUZZ_SEED", "0"))
+
+
+def _fuzz_call(seed):
+    import random
+    r = random.Random(seed)
+    m = 0 if r.random() < 0.05 else r.choice([r.randint(1, 70), int(2 ** r.uniform(0, 13)), r.randint(64, 700)])
+    K = r.choice([16384, 16384, 8 * r.randint(1, 600), 32 * r.randint(1, 520), r.randint(1, 3000), 16416])
+    n = r.choice([24, 24, 24, r.randint(1, hp.MAX_N)])
+    num_splits = r.choice([None, None, 1, 2, 3, 4, 8, 16, r.randint(1, 70)])
+    S = num_splits or 1
+    impl = r.choice(["auto", "auto", "triton", "cuda"])
+    tf32 = r.random() < 0.1
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, K, generator=g).bfloat16()
+    fn = torch.randn(n, K, generator=g) * r.choice([0.05, 1.0])
+    if r.random() < 0.25:   # x rows inside a wider tensor (a row stride the compiled kernel may not take)
+        xb = torch.zeros(m, K + r.choice([1, 8, 64]), dtype=torch.bfloat16)
+        xb[:, :K] = x
+        x = xb.cuda()[:, :K]
+    else:
+        x = x.cuda()
+    if r.random() < 0.25:
+        fb = torch.zeros(n, K + r.choice([1, 4, 32]))
+        fb[:, :K] = fn
+        fn = fb.cuda()[:, :K]
+    else:
+        fn = fn.cuda()
+    # out / sqrsum: 2-D / 1-D when S == 1 (DeepGEMM's num_splits None form) or 3-D / 2-D; contiguous or views
+    # inside NaN-filled larger tensors, whose margins must stay NaN
+    flat = S == 1 and r.random() < 0.5
+    pad = r.choice([0, 0, 3])
+    obig = torch.full((S, m, n + 2 * pad), float("nan"), device="cuda")
+    out = obig[:, :, pad:pad + n]
+    out = out[0] if flat else out
+    if r.random() < 0.3:
+        sbig = torch.full((m, S + 1), float("nan"), device="cuda")
+        sq = sbig[:, :S].T
+    else:
+        sbig = torch.full((S, m), float("nan"), device="cuda")
+        sq = sbig
+    sq = sq[0] if flat else sq
+    sms = r.choice([None, 170, 188, 24])
+    cfg = None
+    if impl == "cuda" and r.random() < 0.3:
+        cfg = {"p": r.randint(1, 64)}
+    desc = (f"seed {seed}: m={m} K={K} n={n} num_splits={num_splits} impl={impl} cfg={cfg} tf32={tf32} "
+            f"x_stride={tuple(x.stride())} fn_stride={tuple(fn.stride())} out={tuple(out.shape)}{tuple(out.stride())} "
+            f"sq={tuple(sq.shape)}{tuple(sq.stride())} sms={sms}")
+    return x, fn, out, sq, num_splits, impl, cfg, tf32, sms, (obig, sbig), desc
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+def test_gpu_fuzz(monkeypatch, seed):
+    x, fn, out, sq, num_splits, impl, cfg, tf32, sms, bigs, desc = _fuzz_call(seed)
+    print(desc)
+    if tf32:
+        monkeypatch.setenv("DSV4_HC_PRENORM_PRECISION", "tf32")
+    if sms:
+        monkeypatch.setattr(hp, "sm_count", lambda dev, n=sms: n)
+    m, S = x.shape[0], num_splits or 1
+    if impl == "cuda":
+        why = hp.cuda_unsupported(x, fn, S)
+        groups = -(-m // 64) * S
+        if cfg and cfg["p"] > 1 and groups > hp._COUNTER_CAP:
+            cfg = None
+        if why is not None and m:   # the compiled kernel must refuse by name, and auto then runs Triton
+            with pytest.raises(UnsupportedCase, match="cannot take this call"):
+                hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
+            impl, cfg = "auto", None
+    hp.last_launch = None
+    hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl=impl, _config=cfg)
+    torch.cuda.synchronize()
+    if m == 0:
+        assert hp.last_launch is None and all(t.isnan().all() for t in bigs), desc
+        return
+    try:
+        _check(x, fn, out, sq, num_splits)
+    except AssertionError as e:
+        raise AssertionError(f"{desc} ran {hp.last_launch}\n{e}") from None
+    for big, view in zip(bigs, (out, sq)):   # nothing written outside the views
+        mask = torch.ones_like(big, dtype=torch.bool)
+        torch.as_strided(mask, view.shape, view.stride(), view.storage_offset()).fill_(False)
+        assert big[mask].isnan().all(), f"wrote outside the {tuple(view.shape)} view: {desc}"
+    assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values()), f"counters not reset: {desc}"

@@ -7,6 +7,8 @@ on tensor cores in fp32 (Hopper fp8 MMA keeps ~14 mantissa bits in its accumulat
 (the worst-case rounding bound scale), plus a global relative L2 error < 1e-3 (DeepGEMM's check).
 Positions past a row's length must be exactly -inf when clean_logits.
 """
+import os
+
 import pytest
 import torch
 
@@ -287,3 +289,85 @@ def test_launch_configs_are_what_the_aot_check_compiles(monkeypatch):
     op.mqa_logits(qf, kv, torch.randn(5, 64), torch.zeros(5, dtype=torch.int32), torch.full((5,), 40, dtype=torch.int32))
     assert (seen["flat"]["BR"], seen["flat"]["BLOCK_T"], seen["flat"]["num_warps"], seen["flat"]["NUM_STAGES"]) \
         == (3, 32, 2, 5)
+
+
+# ------------------------------------- GPU fuzz -----------------------------------------------
+# Random calls beyond the hand-picked cases (paged: batch, next_n, heads, ragged / 2-D lengths, the output
+# width against the page table, clean or not, a caller's out; flat: rows, keys, windows (empty ones
+# included), width, clean or not), the grid sized for 188 / 170 / 24 SMs or this GPU's (op._sm_count). DSV4_FUZZ_CASES
+# (default 8) calls per run from seed DSV4_FUZZ_SEED (default 0); a failure names its seed.
+FUZZ_CASES = int(os.environ.get("DSV4_FUZZ_CASES", "8"))
+FUZZ_SEED = int(os.environ.get("DSV4_FUZZ_SEED", "0"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+def test_gpu_fuzz_paged(monkeypatch, seed):
+    import random
+    r = random.Random(seed)
+    N = r.choice([1, 1, 2, 3, 4])
+    H = r.choice([16, 32, 64])   # next_n * heads <= 256
+    maxc = r.choice([r.randint(1, 300), r.randint(1, 9000)])
+    B = max(1, min(int(2 ** r.uniform(0, 6)), 30_000_000 // (N * H * maxc)))
+    lens = [r.choice([0, maxc, r.randint(0, maxc)]) for _ in range(B)]
+    lens_2d = None
+    if N > 1 and r.random() < 0.4:   # per next_n position, each at most its row's pages
+        lens_2d = torch.tensor([[r.randint(0, l) for _ in range(N)] for l in lens], dtype=torch.int32)
+        lens = lens_2d.max(1).values.tolist()
+    width = maxc if r.random() < 0.7 else r.randint(1, maxc)
+    clean = r.random() < 0.5
+    sms = r.choice([None, 170, 188, 24])
+    desc = f"seed {seed}: B={B} N={N} H={H} maxc={maxc} width={width} lens_2d={lens_2d is not None} clean={clean} sms={sms}"
+    print(desc)
+    if sms:
+        monkeypatch.setattr(op, "_sm_count", lambda dev, n=sms: n)
+    q, cache, w, cl, bt = _make_paged(B, N, H, lens, maxc, "cuda", lens_2d=lens_2d, seed=seed,
+                                      extra_blocks=r.randint(0, 5))
+    out = None
+    if r.random() < 0.5:
+        out = torch.full((B * N, width), float("nan"), device="cuda")
+    got = op.paged_mqa_logits(q, cache, w, cl, bt, width, clean_logits=clean, out=out)
+    assert out is None or got is out
+    assert got.shape == (B * N, width) and got.dtype == torch.float32
+    rr = ref.paged_mqa_logits_ref(q, cache, w, cl, bt, width)
+    mag = ref.paged_mqa_logits_magnitude(q, cache, w, cl, bt, width)
+    try:
+        _check(got, rr, mag, clean)
+    except AssertionError as e:
+        raise AssertionError(f"{desc}\n{e}") from None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+def test_gpu_fuzz_flat(monkeypatch, seed):
+    import random
+    r = random.Random(seed)
+    H = r.choice([16, 32, 64])
+    n = r.randint(1, 3000)
+    M = max(1, min(int(2 ** r.uniform(0, 9)), 20_000_000 // (H * n)))
+    q, kv, w = _make_flat(M, n, H, "cuda", seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    ks = torch.randint(0, n + 1, (M,), generator=g, dtype=torch.int32)   # windows in [0, n]; ke < ks: empty
+    ke = (ks + torch.randint(-5, n, (M,), generator=g, dtype=torch.int32)).clamp(0, n)
+    if r.random() < 0.5:   # the prefill shape: windows [0 or a start, causal end]
+        ke = torch.linspace(1, n, M).int()
+        ks = torch.where(torch.rand(M, generator=g) < 0.3, ke // 3, torch.zeros_like(ke))
+    msk = r.choice([0, 0, r.randint(1, n + 50)])
+    clean = r.random() < 0.5
+    sms = r.choice([None, 170, 188, 24])
+    desc = f"seed {seed}: M={M} n={n} H={H} max_seqlen_k={msk} clean={clean} sms={sms}"
+    print(desc)
+    if sms:
+        monkeypatch.setattr(op, "_sm_count", lambda dev, n=sms: n)
+    if clean and msk:   # DeepGEMM asserts against this pair; the op names it
+        with pytest.raises(UnsupportedCase, match="clean_logits=True with max_seqlen_k > 0"):
+            op.fp8_mqa_logits(q, kv, w, ks.cuda(), ke.cuda(), clean_logits=True, max_seqlen_k=msk)
+        clean = False
+    got = op.fp8_mqa_logits(q, kv, w, ks.cuda(), ke.cuda(), clean_logits=clean, max_seqlen_k=msk)
+    assert got.shape == (M, msk or n) and got.dtype == torch.float32
+    rr = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=msk)
+    mag = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=msk, magnitude=True)
+    try:
+        _check(got, rr, mag, clean)
+    except AssertionError as e:
+        raise AssertionError(f"{desc}\n{e}") from None

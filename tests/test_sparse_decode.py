@@ -685,3 +685,97 @@ def test_gpu_library_without_this_arch_hands_back(tmp_path):
         assert f"sm_{major}{minor}" in lines[key] and "built for sm_120a" in lines[key], lines
     assert lines["IMPL"] != "cuda_decode", lines
     assert lines["HCRUN"] == "triton True", lines
+
+
+# ---------------------------------------------------------------- GPU fuzz
+# Random calls beyond the hand-picked cases above: every shape, option, layout and kernel drawn at random,
+# and the launch decided for the SM counts of the cards we ship for (RTX PRO 6000: 188, RTX 5090: 170) as well
+# as this GPU's, or forced to a random heads-per-block x split count (the C side takes any launch the Python
+# side decides; the SM count only enters through sd._sm_count). DSV4_FUZZ_CASES (default 8) calls per run,
+# seeds from DSV4_FUZZ_SEED (default 0): a failure names its seed, which reproduces it alone.
+FUZZ_CASES = int(os.environ.get("DSV4_FUZZ_CASES", "8"))
+FUZZ_SEED = int(os.environ.get("DSV4_FUZZ_SEED", "0"))
+
+
+def _fuzz_call(seed):
+    """(inputs on the GPU, impl, SM count or None, forced (hpb, splits, split_tokens) or None, description)."""
+    import random
+    r = random.Random(seed)
+    h_q = r.choice([8, 16, 24, 32, 40, 64, 96, 128])
+    s_q = r.choice([1, 1, 1, 2, 3, 4])
+    page_size = r.choice([64, 256])
+    topk = r.choice([r.randint(1, 160), 64 * r.randint(1, 4)])
+    extra_topk = r.choice([0, 0, r.randint(1, 700), 512, 2048])
+    positions = topk + extra_topk
+    # the float64 reference gathers b * s_q * positions rows of 512 doubles and multiplies them by h_q heads
+    b_cap = max(1, min(120_000 // (s_q * positions), 4_000_000 // (s_q * positions * h_q)))
+    b = max(1, min(b_cap, int(2 ** r.uniform(0, 9))))
+    n_main = r.randint(1, 3000)
+    n_extra = r.randint(1, 3000)
+    kw = dict(b=b, s_q=s_q, h_q=h_q, topk=topk, page_size=page_size, n_main=n_main, extra_topk=extra_topk,
+              n_extra=n_extra, stride_pad=r.choice([0, 0, 16, 576, 4096]), with_len=r.random() < 0.5,
+              with_extra_len=extra_topk > 0 and r.random() < 0.5, sink=r.random() < 0.5, seed=seed,
+              neg_frac=r.choice([0.0, 0.1, 0.5, 1.0]))
+    a = _case(**kw)
+    g = torch.Generator().manual_seed(seed + 1)
+    if r.random() < 0.3:   # out-of-range slots (>= the cache's rows, < -1): invalid like -1
+        bad = torch.rand(a["indices"].shape, generator=g) < 0.1
+        a["indices"][bad] = torch.tensor([n_main, -7, 1 << 30], dtype=torch.int32)[
+            torch.randint(0, 3, (int(bad.sum()),), generator=g)]
+    if kw["with_len"] and r.random() < 0.3:   # lengths past topk or negative: clamped to [0, topk]
+        a["topk_length"] = torch.randint(-2, topk + 4, (b,), generator=g, dtype=torch.int32)
+    if r.random() < 0.3:
+        a["softmax_scale"] = r.uniform(0.01, 0.08)
+    a = _to_cuda(a)
+    if r.random() < 0.3:   # q with a padded head stride, and/or indices inside a larger tensor
+        qbig = torch.empty(b, s_q, h_q, 512 + 8 * r.randint(1, 4), device="cuda", dtype=torch.bfloat16)
+        qbig[..., :512] = a["q"]
+        a["q"] = qbig[..., :512]
+    if r.random() < 0.3:
+        ibig = torch.full((b, s_q, topk, 2), -3, dtype=torch.int32, device="cuda")
+        ibig[..., 1] = a["indices"]
+        a["indices"] = ibig[..., 1]
+    impl = r.choice([None, None, "mma64", "mma64h32", "mma64h16", "mma", "simt"])
+    sms = r.choice([None, 170, 188, 24])
+    forced = None
+    tiles = -(-positions // 32)
+    if impl in (None, "mma64") and r.random() < 0.3:
+        hpb = r.choice([16, 32, 64])
+        splits = r.randint(1, min(sd.MAX_SPLITS, tiles))
+        per = -(-tiles // splits)
+        splits = -(-tiles // per)
+        if splits * b * s_q * h_q * 512 <= sd.WORKSPACE_CAP // 2:
+            forced = (hpb, splits, per * 32)
+    desc = (f"seed {seed}: b={b} s_q={s_q} h_q={h_q} topk={topk} extra={extra_topk} page={page_size} "
+            f"n={n_main}/{n_extra} pad={kw['stride_pad']} len={kw['with_len']}/{kw['with_extra_len']} "
+            f"sink={kw['sink']} neg={kw['neg_frac']} scale={'softmax_scale' in a} "
+            f"q_stride={a['q'].stride()} idx_stride={a['indices'].stride()} impl={impl} sms={sms} "
+            f"forced={forced}")
+    return a, impl, sms, forced, desc
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+def test_gpu_fuzz(monkeypatch, seed):
+    a, impl, sms, forced, desc = _fuzz_call(seed)
+    print(desc)
+    if sms:
+        monkeypatch.setattr(sd, "_sm_count", lambda dev, n=sms: n)
+    if forced:
+        monkeypatch.setattr(sd, "mma64_launch", lambda *args, **kw: forced)
+    b, s_q, h_q = a["q"].shape[:3]
+    res = []
+    for _ in range(2):   # twice, each on NaN-poisoned blocks (the op allocates out / lse; the allocator hands
+        fo = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")   # these back)
+        fl = torch.full((b, h_q, s_q), float("nan"), device="cuda")
+        ptrs = (fo.data_ptr(), fl.data_ptr())
+        del fo, fl
+        res.append(sd.sparse_decode(**a, impl=impl))
+        assert (res[-1][0].data_ptr(), res[-1][1].data_ptr()) == ptrs, "outputs not on the poisoned blocks"
+    torch.cuda.synchronize()
+    (out, lse), (out2, lse2) = res
+    try:
+        _check(a, out, lse)
+    except AssertionError as e:
+        raise AssertionError(f"{desc}\n{e}") from None
+    assert torch.equal(out, out2) and torch.equal(lse, lse2), f"not deterministic: {desc}"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Randomised GPU checks of every op: the test files' test_gpu_fuzz* with many seeds, against the float64
+# references, on both instruction classes where the Triton kernels differ (native, and DISABLE_MMA_V3=1: the
+# mma.sync class SM120 has). One log per part in $OUT; a failure names its seed, which reproduces alone:
+#   DSV4_FUZZ_SEED=<seed> DSV4_FUZZ_CASES=1 pytest tests/test_<op>.py -k fuzz
+# Usage (device machine, repo root): OUT=/some/dir bash scripts/device_fuzz.sh [parts...]
+#   parts: sparse_decode hc_prenorm hc_prenorm_mma indexer_logits indexer_logits_mma fp4_moe fp4_moe_mma (default all)
+#   FUZZ_CASES (default 100) calls per test, FUZZ_SEED (default 1000) the first seed, FUZZ_TIMEOUT (s, default 150) per part
+set -u
+export PYTHONUNBUFFERED=1 DSV4_KERNEL_FORCE=1
+OUT=${OUT:-$(pwd)/build/device_out}
+mkdir -p "$OUT"
+log() { echo "== $*" | tee -a "$OUT/fuzz_summary.log"; }
+if [ ! -f deepseek_v4_kernel/_C.so ] && [ -z "${DSV4_KERNEL_LIB:-}" ]; then
+    log "building the extension here (sm_90a + sm_120a)"
+    DSV4_KERNEL_EXTRA_ARCHS=90a bash scripts/build_ext.sh deepseek_v4_kernel/_C.so > "$OUT/fuzz_build.log" 2>&1
+    log "build rc=$?"
+fi
+parts=${*:-sparse_decode hc_prenorm hc_prenorm_mma fp4_moe fp4_moe_mma indexer_logits indexer_logits_mma}
+for part in $parts; do
+    op=${part%_mma}
+    mma=; [ "$op" != "$part" ] && mma=1
+    t0=$(date +%s)
+    env ${mma:+DISABLE_MMA_V3=1} DSV4_FUZZ_CASES=${FUZZ_CASES:-100} DSV4_FUZZ_SEED=${FUZZ_SEED:-1000} \
+        timeout ${FUZZ_TIMEOUT:-150} python3 -m pytest -q -rfE -p no:cacheprovider "tests/test_$op.py" -k fuzz \
+        > "$OUT/fuzz_$part.log" 2>&1
+    rc=$?
+    log "$part rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/fuzz_$part.log")"
+    grep -E "^(FAILED|ERROR)" "$OUT/fuzz_$part.log" | head -20 | tee -a "$OUT/fuzz_summary.log"
+done
