@@ -20,6 +20,8 @@ from deepseek_v4_kernel.reference.fp4_moe import (E2M1_VALUES, dequantize_mxfp4,
                                                    fp4_moe_reference, quantize_act_mxfp8,
                                                    quantize_mxfp4, unpack_e2m1)
 
+from graph_replay import replay_on_poisoned
+
 op = pytest.importorskip("deepseek_v4_kernel.ops.fp4_moe")
 
 HAS_CUDA = torch.cuda.is_available()
@@ -594,6 +596,10 @@ def test_gpu_fuzz(monkeypatch, seed):
                 op.fp4_moe(x, *w, tw, ids, impl=impl)
             return
     try:
-        run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=lim, rsf=rsf, use_out=r.random() < 0.5)
+        res = run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=lim, rsf=rsf, use_out=r.random() < 0.5)
     except AssertionError as e:
         raise AssertionError(f"{desc} ran {op.LAST_KERNELS.get('config')}\n{e}") from None
+    if seed % 3 == 0 and M * k <= op.DECODE_MAX_SLOTS:   # decode sizes also replayed from a CUDA graph
+        got = replay_on_poisoned(lambda: op.fp4_moe(x, *w, tw, ids, swiglu_limit=lim, routed_scaling_factor=rsf,
+                                                    impl=impl), lambda out: (out,))
+        assert torch.equal(got, res), f"graph replay differs from eager: {desc}"

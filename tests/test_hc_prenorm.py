@@ -17,6 +17,7 @@ import torch
 
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.reference.hc_prenorm import hc_prenorm_gemm_ref, split_bounds
+from graph_replay import replay_on_poisoned
 
 hp = pytest.importorskip("deepseek_v4_kernel.ops.hc_prenorm")
 
@@ -746,3 +747,8 @@ def test_gpu_fuzz(monkeypatch, seed):
         torch.as_strided(mask, view.shape, view.stride(), view.storage_offset()).fill_(False)
         assert big[mask].isnan().all(), f"wrote outside the {tuple(view.shape)} view: {desc}"
     assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values()), f"counters not reset: {desc}"
+    if seed % 3 == 0:   # every third call also replayed from a CUDA graph: the same bits (fixed summation order)
+        eo, es = out.clone(), sq.clone()
+        replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl=impl, _config=cfg),
+                           lambda _: (out, sq))
+        assert torch.equal(out, eo) and torch.equal(sq, es), f"graph replay differs from eager: {desc}"

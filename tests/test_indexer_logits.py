@@ -15,6 +15,7 @@ import torch
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.ops import indexer_logits as op
 from deepseek_v4_kernel.reference import indexer_logits as ref
+from graph_replay import replay_on_poisoned
 
 
 def _make_paged(B, N, H, lens, maxc, device, lens_2d=None, seed=0, extra_blocks=3):
@@ -95,6 +96,15 @@ def test_paged_lens_b1_and_fallback_shim(device):
     # max_context_len shorter than the page table (SGLang's max_c4_seq_len can be either)
     out3 = op.fp8_paged_mqa_logits(q, cache, w, cl, bt, None, 100, False)
     _check(out3, r[:, :100], mag[:, :100], clean=False)
+
+
+def test_paged_empty_cache(device):
+    # every row empty and a cache of zero blocks (found by the GPU fuzz: the reference could not unpack it)
+    q, cache, w, cl, bt = _make_paged(2, 1, 16, [0, 0], 64, device, seed=5, extra_blocks=0)
+    assert cache.shape[0] == 0
+    out = op.paged_mqa_logits(q, cache, w, cl, bt, 64, clean_logits=True)
+    r = ref.paged_mqa_logits_ref(q, cache, w, cl, bt, 64)
+    assert torch.isneginf(r).all() and torch.isneginf(out.cpu()).all()
 
 
 def _make_flat(M, n, H, device, seed=0):
@@ -335,6 +345,11 @@ def test_gpu_fuzz_paged(monkeypatch, seed):
         _check(got, rr, mag, clean)
     except AssertionError as e:
         raise AssertionError(f"{desc}\n{e}") from None
+    if seed % 3 == 0:   # every third call also replayed from a CUDA graph (the decode path runs captured)
+        gl = replay_on_poisoned(lambda: op.paged_mqa_logits(q, cache, w, cl, bt, width, clean_logits=clean),
+                                lambda res: (res,))
+        keep = torch.ones_like(gl, dtype=torch.bool) if clean else torch.isfinite(rr).to(gl.device)
+        assert torch.equal(gl[keep], got[keep]), f"graph replay differs from eager: {desc}"   # unspecified past
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.reference.sparse_decode import (pack_fp8_ds_mla, sparse_decode_ref,
                                                         unpack_fp8_ds_mla)
 from deepseek_v4_kernel.ops import sparse_decode as sd
+from graph_replay import replay_on_poisoned
 
 
 # ---------------------------------------------------------------- CPU
@@ -779,3 +780,6 @@ def test_gpu_fuzz(monkeypatch, seed):
     except AssertionError as e:
         raise AssertionError(f"{desc}\n{e}") from None
     assert torch.equal(out, out2) and torch.equal(lse, lse2), f"not deterministic: {desc}"
+    if seed % 3 == 0:   # every third call also replayed from a CUDA graph (the decode path runs captured)
+        gout, glse = replay_on_poisoned(lambda: sd.sparse_decode(**a, impl=impl), lambda res: res)
+        assert torch.equal(gout, out) and torch.equal(glse, lse), f"graph replay differs from eager: {desc}"

@@ -41,7 +41,7 @@ def pack_paged_k_cache(k: torch.Tensor) -> torch.Tensor:
 def unpack_paged_k_cache(cache: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """cache [num_blocks, 64, 1, 132] bytes -> (values float64 [nb, 64, 128], scales float64 [nb, 64])."""
     nb = cache.shape[0]
-    flat = cache.reshape(nb, -1).view(torch.uint8)
+    flat = cache.reshape(nb, BLOCK_KV * (HEAD_DIM + 4)).view(torch.uint8)   # nb may be 0 (an empty cache)
     vals = flat[:, : BLOCK_KV * HEAD_DIM].contiguous().view(FP8).double().view(nb, BLOCK_KV, HEAD_DIM)
     scales = flat[:, BLOCK_KV * HEAD_DIM:].contiguous().view(torch.float32).double().view(nb, BLOCK_KV)
     return vals, scales
