@@ -20,7 +20,7 @@ from deepseek_v4_kernel.reference.fp4_moe import (E2M1_VALUES, dequantize_mxfp4,
                                                    fp4_moe_reference, quantize_act_mxfp8,
                                                    quantize_mxfp4, unpack_e2m1)
 
-from graph_replay import replay_on_poisoned
+from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
 op = pytest.importorskip("deepseek_v4_kernel.ops.fp4_moe")
 
@@ -549,14 +549,11 @@ def test_sm120_aot_smem_and_instructions(sm120_aot):
 # Random calls beyond the hand-picked cases: tokens, hidden / I sizes (multiples of 32, some not of 128, which
 # the compiled decode kernels refuse by name), experts, top-k, dropped and out-of-range ids, skewed routing,
 # ids / weights dtypes, swiglu clamp, scaling factor, a caller's out, strided x, each impl, and the grid sized
-# for 188 / 170 / 24 SMs or this GPU's (op.sm_count). DSV4_FUZZ_CASES (default 8) calls per run from seed
-# DSV4_FUZZ_SEED (default 0); a failure names its seed.
-FUZZ_CASES = int(os.environ.get("DSV4_FUZZ_CASES", "8"))
-FUZZ_SEED = int(os.environ.get("DSV4_FUZZ_SEED", "0"))
-
+# for 188 / 170 / 24 SMs or this GPU's (op.sm_count); decode sizes also replayed from a CUDA graph. Seeds (8 per
+# run by default) and failure naming: tests/fuzz.py.
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+@pytest.mark.parametrize("seed", SEEDS)
 def test_gpu_fuzz(monkeypatch, seed):
     import random
     r = random.Random(seed)
@@ -572,12 +569,11 @@ def test_gpu_fuzz(monkeypatch, seed):
     skew = r.random() < 0.3
     lim = r.choice([None, 10.0])
     rsf = r.choice([None, 1.5, 2.5])
-    sms = r.choice([None, 170, 188, 24])
+    sms = r.choice(SM_COUNTS)
     desc = (f"seed {seed}: M={M} H={H} I={I} E={E} k={k} impl={impl} drop={drop} skew={skew} lim={lim} "
             f"rsf={rsf} sms={sms}")
     print(desc)
-    if sms:
-        monkeypatch.setattr(op, "sm_count", lambda dev, n=sms: n)
+    patch_sm_count(monkeypatch, op, "sm_count", sms)
     w = _gpu_weights(E, H, I)
     tw, ids = make_routing(M, E, k, "cuda", seed=seed, drop=drop, skew=skew)
     if r.random() < 0.2:   # ids past the experts: dropped like -1
@@ -595,10 +591,9 @@ def test_gpu_fuzz(monkeypatch, seed):
             with pytest.raises(UnsupportedCase, match="impl 'cuda_decode'"):
                 op.fp4_moe(x, *w, tw, ids, impl=impl)
             return
-    try:
-        res = run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=lim, rsf=rsf, use_out=r.random() < 0.5)
-    except AssertionError as e:
-        raise AssertionError(f"{desc} ran {op.LAST_KERNELS.get('config')}\n{e}") from None
+    use_out = r.random() < 0.5
+    with named(f"{desc} -> impl {impl}"):
+        res = run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=lim, rsf=rsf, use_out=use_out)
     if seed % 3 == 0 and M * k <= op.DECODE_MAX_SLOTS:   # decode sizes also replayed from a CUDA graph
         got = replay_on_poisoned(lambda: op.fp4_moe(x, *w, tw, ids, swiglu_limit=lim, routed_scaling_factor=rsf,
                                                     impl=impl), lambda out: (out,))

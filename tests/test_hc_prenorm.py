@@ -17,7 +17,7 @@ import torch
 
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.reference.hc_prenorm import hc_prenorm_gemm_ref, split_bounds
-from graph_replay import replay_on_poisoned
+from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
 hp = pytest.importorskip("deepseek_v4_kernel.ops.hc_prenorm")
 
@@ -659,10 +659,7 @@ def test_workspace_is_reused_and_outgrown_buffers_stay_alive():
 # Random calls beyond the hand-picked cases: m, K, n, num_splits, kernel, forced sub-split count, strided x /
 # fn / out / sqrsum, precision mode, and the grid sized for the SM counts of the cards we ship for (RTX PRO
 # 6000: 188, RTX 5090: 170) or a small one, through hp.sm_count (the only place the SM count enters).
-# DSV4_FUZZ_CASES (default 8) calls per run from seed DSV4_FUZZ_SEED (default 0); a failure names its seed.
-FUZZ_CASES = int(os.environ.get("DSV4_FUZZ_CASES", "8"))
-FUZZ_SEED = int(os.environ.get("DSV4_FUZZ_SEED", "0"))
-
+# Every third call also replayed from a CUDA graph. Seeds (8 per run by default) and failure naming: tests/fuzz.py.
 
 def _fuzz_call(seed):
     import random
@@ -703,7 +700,7 @@ def _fuzz_call(seed):
         sbig = torch.full((S, m), float("nan"), device="cuda")
         sq = sbig
     sq = sq[0] if flat else sq
-    sms = r.choice([None, 170, 188, 24])
+    sms = r.choice(SM_COUNTS)
     cfg = None
     if impl == "cuda" and r.random() < 0.3:
         cfg = {"p": r.randint(1, 64)}
@@ -714,14 +711,13 @@ def _fuzz_call(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+@pytest.mark.parametrize("seed", SEEDS)
 def test_gpu_fuzz(monkeypatch, seed):
     x, fn, out, sq, num_splits, impl, cfg, tf32, sms, bigs, desc = _fuzz_call(seed)
     print(desc)
     if tf32:
         monkeypatch.setenv("DSV4_HC_PRENORM_PRECISION", "tf32")
-    if sms:
-        monkeypatch.setattr(hp, "sm_count", lambda dev, n=sms: n)
+    patch_sm_count(monkeypatch, hp, "sm_count", sms)
     m, S = x.shape[0], num_splits or 1
     if impl == "cuda":
         why = hp.cuda_unsupported(x, fn, S)
@@ -738,10 +734,8 @@ def test_gpu_fuzz(monkeypatch, seed):
     if m == 0:
         assert hp.last_launch is None and all(t.isnan().all() for t in bigs), desc
         return
-    try:
+    with named(f"{desc} ran {hp.last_launch}"):
         _check(x, fn, out, sq, num_splits)
-    except AssertionError as e:
-        raise AssertionError(f"{desc} ran {hp.last_launch}\n{e}") from None
     for big, view in zip(bigs, (out, sq)):   # nothing written outside the views
         mask = torch.ones_like(big, dtype=torch.bool)
         torch.as_strided(mask, view.shape, view.stride(), view.storage_offset()).fill_(False)

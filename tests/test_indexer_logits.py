@@ -7,15 +7,13 @@ on tensor cores in fp32 (Hopper fp8 MMA keeps ~14 mantissa bits in its accumulat
 (the worst-case rounding bound scale), plus a global relative L2 error < 1e-3 (DeepGEMM's check).
 Positions past a row's length must be exactly -inf when clean_logits.
 """
-import os
-
 import pytest
 import torch
 
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.ops import indexer_logits as op
 from deepseek_v4_kernel.reference import indexer_logits as ref
-from graph_replay import replay_on_poisoned
+from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
 
 def _make_paged(B, N, H, lens, maxc, device, lens_2d=None, seed=0, extra_blocks=3):
@@ -304,14 +302,11 @@ def test_launch_configs_are_what_the_aot_check_compiles(monkeypatch):
 # ------------------------------------- GPU fuzz -----------------------------------------------
 # Random calls beyond the hand-picked cases (paged: batch, next_n, heads, ragged / 2-D lengths, the output
 # width against the page table, clean or not, a caller's out; flat: rows, keys, windows (empty ones
-# included), width, clean or not), the grid sized for 188 / 170 / 24 SMs or this GPU's (op._sm_count). DSV4_FUZZ_CASES
-# (default 8) calls per run from seed DSV4_FUZZ_SEED (default 0); a failure names its seed.
-FUZZ_CASES = int(os.environ.get("DSV4_FUZZ_CASES", "8"))
-FUZZ_SEED = int(os.environ.get("DSV4_FUZZ_SEED", "0"))
-
+# included), width, clean or not), the grid sized for 188 / 170 / 24 SMs or this GPU's (op._sm_count); every third
+# paged call also replayed from a CUDA graph. Seeds (8 per run by default) and failure naming: tests/fuzz.py.
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+@pytest.mark.parametrize("seed", SEEDS)
 def test_gpu_fuzz_paged(monkeypatch, seed):
     import random
     r = random.Random(seed)
@@ -326,11 +321,10 @@ def test_gpu_fuzz_paged(monkeypatch, seed):
         lens = lens_2d.max(1).values.tolist()
     width = maxc if r.random() < 0.7 else r.randint(1, maxc)
     clean = r.random() < 0.5
-    sms = r.choice([None, 170, 188, 24])
+    sms = r.choice(SM_COUNTS)
     desc = f"seed {seed}: B={B} N={N} H={H} maxc={maxc} width={width} lens_2d={lens_2d is not None} clean={clean} sms={sms}"
     print(desc)
-    if sms:
-        monkeypatch.setattr(op, "_sm_count", lambda dev, n=sms: n)
+    patch_sm_count(monkeypatch, op, "_sm_count", sms)
     q, cache, w, cl, bt = _make_paged(B, N, H, lens, maxc, "cuda", lens_2d=lens_2d, seed=seed,
                                       extra_blocks=r.randint(0, 5))
     out = None
@@ -341,10 +335,8 @@ def test_gpu_fuzz_paged(monkeypatch, seed):
     assert got.shape == (B * N, width) and got.dtype == torch.float32
     rr = ref.paged_mqa_logits_ref(q, cache, w, cl, bt, width)
     mag = ref.paged_mqa_logits_magnitude(q, cache, w, cl, bt, width)
-    try:
+    with named(desc):
         _check(got, rr, mag, clean)
-    except AssertionError as e:
-        raise AssertionError(f"{desc}\n{e}") from None
     if seed % 3 == 0:   # every third call also replayed from a CUDA graph (the decode path runs captured)
         gl = replay_on_poisoned(lambda: op.paged_mqa_logits(q, cache, w, cl, bt, width, clean_logits=clean),
                                 lambda res: (res,))
@@ -353,7 +345,7 @@ def test_gpu_fuzz_paged(monkeypatch, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+@pytest.mark.parametrize("seed", SEEDS)
 def test_gpu_fuzz_flat(monkeypatch, seed):
     import random
     r = random.Random(seed)
@@ -369,11 +361,10 @@ def test_gpu_fuzz_flat(monkeypatch, seed):
         ks = torch.where(torch.rand(M, generator=g) < 0.3, ke // 3, torch.zeros_like(ke))
     msk = r.choice([0, 0, r.randint(1, n + 50)])
     clean = r.random() < 0.5
-    sms = r.choice([None, 170, 188, 24])
+    sms = r.choice(SM_COUNTS)
     desc = f"seed {seed}: M={M} n={n} H={H} max_seqlen_k={msk} clean={clean} sms={sms}"
     print(desc)
-    if sms:
-        monkeypatch.setattr(op, "_sm_count", lambda dev, n=sms: n)
+    patch_sm_count(monkeypatch, op, "_sm_count", sms)
     if clean and msk:   # DeepGEMM asserts against this pair; the op names it
         with pytest.raises(UnsupportedCase, match="clean_logits=True with max_seqlen_k > 0"):
             op.fp8_mqa_logits(q, kv, w, ks.cuda(), ke.cuda(), clean_logits=True, max_seqlen_k=msk)
@@ -382,7 +373,5 @@ def test_gpu_fuzz_flat(monkeypatch, seed):
     assert got.shape == (M, msk or n) and got.dtype == torch.float32
     rr = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=msk)
     mag = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=msk, magnitude=True)
-    try:
+    with named(desc):
         _check(got, rr, mag, clean)
-    except AssertionError as e:
-        raise AssertionError(f"{desc}\n{e}") from None

@@ -18,7 +18,7 @@ from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.reference.sparse_decode import (pack_fp8_ds_mla, sparse_decode_ref,
                                                         unpack_fp8_ds_mla)
 from deepseek_v4_kernel.ops import sparse_decode as sd
-from graph_replay import replay_on_poisoned
+from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
 
 # ---------------------------------------------------------------- CPU
@@ -692,11 +692,8 @@ def test_gpu_library_without_this_arch_hands_back(tmp_path):
 # Random calls beyond the hand-picked cases above: every shape, option, layout and kernel drawn at random,
 # and the launch decided for the SM counts of the cards we ship for (RTX PRO 6000: 188, RTX 5090: 170) as well
 # as this GPU's, or forced to a random heads-per-block x split count (the C side takes any launch the Python
-# side decides; the SM count only enters through sd._sm_count). DSV4_FUZZ_CASES (default 8) calls per run,
-# seeds from DSV4_FUZZ_SEED (default 0): a failure names its seed, which reproduces it alone.
-FUZZ_CASES = int(os.environ.get("DSV4_FUZZ_CASES", "8"))
-FUZZ_SEED = int(os.environ.get("DSV4_FUZZ_SEED", "0"))
-
+# side decides; the SM count only enters through sd._sm_count); every third call also replayed from a CUDA graph.
+# Seeds (8 per run by default) and failure naming: tests/fuzz.py.
 
 def _fuzz_call(seed):
     """(inputs on the GPU, impl, SM count or None, forced (hpb, splits, split_tokens) or None, description)."""
@@ -737,7 +734,7 @@ def _fuzz_call(seed):
         ibig[..., 1] = a["indices"]
         a["indices"] = ibig[..., 1]
     impl = r.choice([None, None, "mma64", "mma64h32", "mma64h16", "mma", "simt"])
-    sms = r.choice([None, 170, 188, 24])
+    sms = r.choice(SM_COUNTS)
     forced = None
     tiles = -(-positions // 32)
     if impl in (None, "mma64") and r.random() < 0.3:
@@ -756,12 +753,11 @@ def _fuzz_call(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES))
+@pytest.mark.parametrize("seed", SEEDS)
 def test_gpu_fuzz(monkeypatch, seed):
     a, impl, sms, forced, desc = _fuzz_call(seed)
     print(desc)
-    if sms:
-        monkeypatch.setattr(sd, "_sm_count", lambda dev, n=sms: n)
+    patch_sm_count(monkeypatch, sd, "_sm_count", sms)
     if forced:
         monkeypatch.setattr(sd, "mma64_launch", lambda *args, **kw: forced)
     b, s_q, h_q = a["q"].shape[:3]
@@ -775,10 +771,8 @@ def test_gpu_fuzz(monkeypatch, seed):
         assert (res[-1][0].data_ptr(), res[-1][1].data_ptr()) == ptrs, "outputs not on the poisoned blocks"
     torch.cuda.synchronize()
     (out, lse), (out2, lse2) = res
-    try:
+    with named(desc):
         _check(a, out, lse)
-    except AssertionError as e:
-        raise AssertionError(f"{desc}\n{e}") from None
     assert torch.equal(out, out2) and torch.equal(lse, lse2), f"not deterministic: {desc}"
     if seed % 3 == 0:   # every third call also replayed from a CUDA graph (the decode path runs captured)
         gout, glse = replay_on_poisoned(lambda: sd.sparse_decode(**a, impl=impl), lambda res: res)
