@@ -551,7 +551,6 @@ def test_sm120_aot_smem_and_instructions(sm120_aot):
 # ids / weights dtypes, swiglu clamp, scaling factor, a caller's out, strided x, each impl, and the grid sized
 # for 188 / 170 / 24 SMs or this GPU's (op.sm_count); decode sizes also replayed from a CUDA graph. Seeds (8 per
 # run by default) and failure naming: tests/fuzz.py.
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gpu_fuzz(monkeypatch, seed):

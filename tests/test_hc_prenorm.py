@@ -660,7 +660,6 @@ def test_workspace_is_reused_and_outgrown_buffers_stay_alive():
 # fn / out / sqrsum, precision mode, and the grid sized for the SM counts of the cards we ship for (RTX PRO
 # 6000: 188, RTX 5090: 170) or a small one, through hp.sm_count (the only place the SM count enters).
 # Every third call also replayed from a CUDA graph. Seeds (8 per run by default) and failure naming: tests/fuzz.py.
-
 def _fuzz_call(seed):
     import random
     r = random.Random(seed)

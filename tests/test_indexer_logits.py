@@ -304,7 +304,6 @@ def test_launch_configs_are_what_the_aot_check_compiles(monkeypatch):
 # width against the page table, clean or not, a caller's out; flat: rows, keys, windows (empty ones
 # included), width, clean or not), the grid sized for 188 / 170 / 24 SMs or this GPU's (op._sm_count); every third
 # paged call also replayed from a CUDA graph. Seeds (8 per run by default) and failure naming: tests/fuzz.py.
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", SEEDS)
 def test_gpu_fuzz_paged(monkeypatch, seed):

@@ -694,7 +694,6 @@ def test_gpu_library_without_this_arch_hands_back(tmp_path):
 # as this GPU's, or forced to a random heads-per-block x split count (the C side takes any launch the Python
 # side decides; the SM count only enters through sd._sm_count); every third call also replayed from a CUDA graph.
 # Seeds (8 per run by default) and failure naming: tests/fuzz.py.
-
 def _fuzz_call(seed):
     """(inputs on the GPU, impl, SM count or None, forced (hpb, splits, split_tokens) or None, description)."""
     import random
@@ -762,8 +761,9 @@ def test_gpu_fuzz(monkeypatch, seed):
         monkeypatch.setattr(sd, "mma64_launch", lambda *args, **kw: forced)
     b, s_q, h_q = a["q"].shape[:3]
     res = []
-    for _ in range(2):   # twice, each on NaN-poisoned blocks (the op allocates out / lse; the allocator hands
-        fo = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")   # these back)
+    # twice, each on NaN-poisoned blocks: the op allocates out / lse, and the caching allocator hands it these back
+    for _ in range(2):
+        fo = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         fl = torch.full((b, h_q, s_q), float("nan"), device="cuda")
         ptrs = (fo.data_ptr(), fl.data_ptr())
         del fo, fl
