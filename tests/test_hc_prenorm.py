@@ -603,7 +603,7 @@ def test_cuda_sub_splits_fill_the_gpu_within_limits():
         for S in (1, 2, 3, 16, 23, 64):
             for m in (1, 64, 65, 128, 512, 1000, 2048, 4096, 8192, 16384, 65536):
                 P = hp.cuda_sub_splits(m, 16384, S, sms)
-                groups = -(-m // 64) * S
+                groups = -(-m // hp._CUDA_ROWS) * S
                 assert 1 <= P <= min(hp._CUDA_MAX_SUB, max(1, 256 // S)), (sms, S, m, P)
                 if 4 * groups >= 3 * sms:
                     assert P == 1, (sms, S, m, P)
@@ -720,7 +720,7 @@ def test_gpu_fuzz(monkeypatch, seed):
     m, S = x.shape[0], num_splits or 1
     if impl == "cuda":
         why = hp.cuda_unsupported(x, fn, S)
-        groups = -(-m // 64) * S
+        groups = -(-m // hp._CUDA_ROWS) * S
         if cfg and cfg["p"] > 1 and groups > hp._COUNTER_CAP:
             cfg = None
         if why is not None and m:   # the compiled kernel must refuse by name, and auto then runs Triton
