@@ -115,13 +115,24 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
         p->num_splits < 1 || p->sub_splits < 1 || p->sub_splits > DSV4_HC_PRENORM_MAX_SUB ||
         p->num_splits * p->sub_splits > 65535 || p->x_stride % 8 || p->fn_stride % 4 ||
         ((uintptr_t)p->x | (uintptr_t)p->fn) % 16 ||
-        (p->sub_splits > 1 && (p->ws == nullptr || p->counters == nullptr))) {
+        (p->sub_splits > 1 && (p->ws == nullptr || (p->counters == nullptr && p->small_rows == 0)))) {
       snprintf(g_last_error, sizeof(g_last_error),
                "hc_prenorm: bad sizes m=%lld n=%lld K=%lld splits=%lld sub_splits=%lld (expected m >= 1, "
                "1 <= n <= %d, K a positive multiple of 8, 1 <= sub_splits <= %d, splits * sub_splits <= 65535, "
                "16-byte aligned x / fn rows, a workspace and counters when sub_splits > 1)",
                (long long)p->m, (long long)p->n, (long long)p->K, (long long)p->num_splits, (long long)p->sub_splits,
                DSV4_HC_PRENORM_MAX_N, DSV4_HC_PRENORM_MAX_SUB);
+      return true;
+    }
+    const long long r = (long long)p->small_rows;
+    if (r != 0 && (r < 0 || (r & (r - 1)) != 0 || r > DSV4_HC_PRENORM_SMALL_MAX_ROWS || (p->m + r - 1) / r > 65535 ||
+                   (p->sub_splits > 1 && (p->n != DSV4_HC_PRENORM_MAX_N || p->num_splits != 1 || (uintptr_t)p->ws % 16)))) {
+      snprintf(g_last_error, sizeof(g_last_error),
+               "hc_prenorm: bad small_rows=%lld (expected 0, or a power of two <= %d with ceil(m / small_rows) <= 65535 "
+               "(m=%lld), and n = %d, one split and a 16-byte aligned workspace when sub_splits > 1 (n=%lld, "
+               "splits=%lld, sub_splits=%lld))",
+               r, DSV4_HC_PRENORM_SMALL_MAX_ROWS, (long long)p->m, DSV4_HC_PRENORM_MAX_N, (long long)p->n,
+               (long long)p->num_splits, (long long)p->sub_splits);
       return true;
     }
     return false;

@@ -239,11 +239,11 @@ def test_gpu_full_k(monkeypatch, m, num_splits, impl):
 # multiple of 64 (a short last block, a partial last 32-chunk)
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, K, n, num_splits, p", [
-    (1, 16384, 24, None, None), (7, 16384, 24, 16, None), (65, 16384, 24, None, None),
+    (1, 16384, 24, None, 2), (7, 16384, 24, 16, 2), (65, 16384, 24, None, None),
     (130, 16384, 24, 3, None), (512, 16384, 24, None, None), (512, 16384, 24, 16, None),
     (512, 16384, 24, None, 1), (512, 16384, 24, None, 7), (100, 16384, 24, 2, 64),
     (4097, 16384, 24, None, None), (2048, 16384, 24, 4, None), (300, 1000, 24, 3, 5),
-    (70, 200, 13, 2, 2), (64, 128, 24, 4, 3), (33, 16384, 1, 64, None), (129, 16384, 17, 1, 8),
+    (70, 200, 13, 2, 2), (64, 128, 24, 4, 3), (33, 16384, 1, 64, 1), (129, 16384, 17, 1, 8), (7, 16384, 24, 16, 1),
     # the kFast kernel (csrc/hc_prenorm/kernel.cuh; P = 1, m >= 64, K % 32 == 0, n = 24, contiguous out):
     # m = 64 exactly, a last tile shifted back by 63 / 1 rows, K % 64 == 32 (a short last 64-block), splits
     # that are empty (S > K / 64), 2-D out
@@ -260,6 +260,63 @@ def test_gpu_cuda_kernel(m, K, n, num_splits, p):
         assert hp.last_launch[0] == "cuda"
         _check(x, fn, out, sq, num_splits)
     assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values())
+
+
+# the few-rows kernel (csrc/hc_prenorm/kernel_small.cuh): SGLang's decode calls (64 splits, m <= 64), each
+# instance (R = 1 .. 16 rows per block, forced) with a partial last row group, n < 24 (fn rows >= n skipped),
+# K not a multiple of 64 (a short last block), empty splits (more splits than 64-blocks), splits of 1024 (more
+# than one round of loads per lane), wide splits cut into sub-slices (num_splits None, 2-D out)
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, K, n, num_splits, rows", [
+    (1, 16384, 24, 64, None), (2, 16384, 24, 64, None), (8, 16384, 24, 64, None), (33, 16384, 24, 64, None),
+    (64, 16384, 24, 64, None), (1, 16384, 24, 16, None), (64, 16384, 24, 16, None), (5, 16400, 24, 64, None),
+    # num_splits None / few splits (SGLang 0.5.13-0.5.22's hc_pre): sub-slices of 256, the reduce grid sums them
+    (1, 16384, 24, None, None), (8, 16384, 24, None, None), (64, 16384, 24, None, None), (5, 16416, 24, None, None),
+    (3, 4096, 24, 4, None), (7, 16384, 17, 16, None), (30, 4000, 24, 1, None), (64, 16384, 24, None, 1),
+    (13, 16384, 24, 64, 1), (13, 16384, 24, 64, 2), (13, 16384, 24, 64, 4), (13, 16384, 24, 64, 8),
+    (13, 16384, 24, 64, 16), (20, 16384, 13, 64, 16), (45, 16384, 17, 64, 16), (100, 4096, 24, 16, 16),
+    (9, 16384, 13, 64, 8), (2, 16384, 1, 32, 1), (3, 1000, 24, 16, 2),
+    (3, 128, 24, 4, 1), (17, 256, 24, 300, 16), (3, 512, 24, None, 2), (40, 4096, 23, 7, 4),
+])
+def test_gpu_small_kernel(m, K, n, num_splits, rows):
+    x, fn = _inputs(m, K, n=n, device="cuda", seed=m + K + n + 1)
+    S = num_splits or 1
+    want = rows or hp.small_rows(m, K, S, hp.sm_count(x.device), n)
+    P = hp.small_sub_splits(K, S, n) or 1
+    assert want in hp._SMALL_ROWS
+    out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
+    hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=None if rows is None else {"small_rows": rows})
+    torch.cuda.synchronize()
+    assert hp.last_launch == ("cuda", P, want)
+    _check(x, fn, out, sq, num_splits)
+    if rows is None and num_splits in (64, None):   # what SGLang's decode gets under impl "auto"
+        out2, sq2 = _poisoned(m, n, S, "cuda", flat=num_splits is None)
+        hp.tf32_hc_prenorm_gemm(x, fn, out2, sq2, num_splits)
+        assert hp.last_launch == ("cuda", P, want)
+        assert torch.equal(out2, out) and torch.equal(sq2, sq)
+
+
+@pytest.mark.gpu
+def test_gpu_small_kernel_strided_out_and_bad_rows():
+    x, fn = _inputs(10, 16384, n=24, device="cuda", seed=11)
+    big = torch.full((64, 10, 32), float("nan"), device="cuda")
+    out = big[:, :, 5:29]                       # row stride 32, offset 5
+    sqb = torch.full((10, 64), float("nan"), device="cuda")
+    hp.hc_prenorm_gemm(x, fn, out, sqb.T, 64)   # sqrsum strides (1, 64)
+    torch.cuda.synchronize()
+    assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0, hp.last_launch
+    _check(x, fn, out, sqb.T, 64)
+    assert torch.isnan(big[:, :, :5]).all() and torch.isnan(big[:, :, 29:]).all(), "wrote outside out"
+    o, q = _poisoned(10, 24, 64, "cuda")
+    for bad in (3, 32, -1):
+        with pytest.raises(UnsupportedCase, match="hc_prenorm: _config small_rows "):
+            hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"small_rows": bad})
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config small_rows "):
+        hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"small_rows": 4, "p": 2})
+    hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"small_rows": 0})   # the MMA kernel
+    torch.cuda.synchronize()
+    assert hp.last_launch[0] == "cuda" and hp.last_launch[2] == 0, hp.last_launch
+    _check(x, fn, o, q, 64)
 
 
 @pytest.mark.gpu
@@ -292,7 +349,7 @@ def test_gpu_cuda_kernel_strided_out_and_empty_splits():
     sqb = torch.full((150, 4), float("nan"), device="cuda")
     hp.hc_prenorm_gemm(x, fn, big[:, :, 3:27], sqb.T, 4, impl="cuda", _config={"p": 3})
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", 3)
+    assert hp.last_launch == ("cuda", 3, 0)
     _check(x, fn, big[:, :, 3:27], sqb.T, 4)
     assert torch.isnan(big[:, :, :3]).all() and torch.isnan(big[:, :, 27:]).all(), "wrote outside out"
 
@@ -614,17 +671,69 @@ def test_cuda_sub_splits_fill_the_gpu_within_limits():
     assert hp.cuda_sub_splits(512, 128, 1, 132) == 2      # two: at most two sub-slices
 
 
+def test_small_rows_rule():
+    """R of the few-rows kernel: 0 where it does not apply; else the fewest rows per block whose grid fits one
+    block per SM, 16 at most."""
+    assert hp.small_rows(1, 16384, 64, 132) == 1 and hp.small_rows(2, 16384, 64, 132) == 1
+    assert hp.small_rows(8, 16384, 64, 132) == 4 and hp.small_rows(64, 16384, 64, 132) == 16
+    assert hp.small_rows(16, 16384, 64, 132) == 8 and hp.small_rows(32, 16384, 64, 132) == 16
+    assert hp.small_rows(3, 16384, 64, 188) == 2 and hp.small_rows(3, 16384, 64, 170) == 2
+    assert hp.small_rows(65, 16384, 64, 132) == 0 and hp.small_rows(0, 16384, 64, 132) == 0
+    # wider splits: sub-slices of 256 (n = 24) summed by the reduce grid, or several load rounds (n < 24)
+    assert hp.small_rows(1, 16384, 1, 132) == 1 and hp.small_rows(8, 16384, 1, 132) == 4   # num_splits None: P 64
+    assert hp.small_rows(1, 16384, 16, 132) == 1 and hp.small_rows(1, 16384, 8, 132) == 0
+    assert hp.small_rows(1, 1024, 1, 132, n=5) == 1 and hp.small_rows(1, 2048, 1, 132, n=5) == 0
+    for sms in (24, 132, 170, 188):
+        for S in (1, 2, 16, 64, 300):
+            for m in range(1, hp.SMALL_MAX_M + 1):
+                r = hp.small_rows(m, 1024, S, sms)
+                assert r in hp._SMALL_ROWS, (sms, S, m)
+                groups = S * hp.small_sub_splits(1024, S, 24)
+                assert groups * -(-m // r) <= sms or r == hp._SMALL_ROWS[-1], (sms, S, m, r)
+                assert r == 1 or groups * -(-m // (r // 2)) > sms, (sms, S, m, r)
+
+
+def test_small_sub_splits():
+    """P of the few-rows kernel: splits of <= 256 whole; one wider split cut into <= 64 sub-slices of <= 256 when
+    the reduce grid can sum them (n = 24), else whole up to SMALL_MAX_SPLIT_K (several load rounds)."""
+    cases = {(16384, 64, 24): 1, (16384, 1, 24): 64, (16416, 1, 24): 64, (16384, 8, 24): 0, (16384, 16, 24): 1,
+             (16384, 16, 17): 1, (16384, 8, 17): 0, (1000, 1, 24): 4, (200, 1, 5): 1, (128, 4, 24): 1,
+             (16384, 300, 24): 1, (65536, 1, 24): 64, (131072, 1, 24): 0, (16384, 1, 23): 0, (2048, 2, 24): 1}
+    for (K, S, n), want in cases.items():
+        assert hp.small_sub_splits(K, S, n) == want, (K, S, n)
+    for K in (8, 1000, 4096, 16384, 16416):
+        for S in (1, 2, 3, 7, 16, 64):
+            P = hp.small_sub_splits(K, S, 24)
+            nb = -(-K // 64)
+            if P == 0:
+                assert -(-nb // S) * 64 > hp.SMALL_MAX_SPLIT_K and S > 1, (K, S)
+                continue
+            widest = -(-(-(-nb // S)) // P) * 64   # K of the widest sub-slice
+            assert 1 <= P <= hp._CUDA_MAX_SUB and widest <= hp.SMALL_MAX_SPLIT_K and (P == 1 or S == 1), (K, S, P)
+            assert P == 1 or widest <= 4 * 64 or P == hp._CUDA_MAX_SUB, (K, S, P)
+
+
 def test_auto_prefers_cuda_only_where_triton_builds_mma_sync():
     # the general kernel (n < 24 or K % 32 != 0): from CUDA_MIN_M rows, or CUDA_MIN_M_SPLIT with splits
     for n, K in ((17, 16384), (24, 16400)):
         assert hp.auto_prefers_cuda(hp.CUDA_MIN_M, 1, "mma", n, K)
         assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M - 1, 1, "mma", n, K)
         assert hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT, 2, "mma", n, K)
-        assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT - 1, 64, "mma", n, K)
+        if n == 17:   # (n = 24: the few-rows kernel takes any splits at m < 64)
+            assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT - 1, 8, "mma", n, K)
     # DeepSeek-V4's shape (the kFast kernel + reduce grid): from CUDA_MIN_M_SPLIT rows, splits or not
     assert hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT, 1, "mma", 24, 16384)
-    assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT - 1, 1, "mma", 24, 16384)
-    assert not any(hp.auto_prefers_cuda(m, S, "wgmma", 24, 16384) for m in (1, 512, 65536) for S in (1, 16))
+    assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT + 1, 1, "mma", 17, 16384)
+    assert not any(hp.auto_prefers_cuda(m, S, "wgmma", 24, 16384) for m in (65, 512, 65536) for S in (1, 8, 64))
+    # the few-rows kernel (no tensor cores): on every kind, m <= SMALL_MAX_M where small_sub_splits applies
+    for kind in ("mma", "wgmma"):
+        for n, K in ((24, 16384), (17, 16384), (24, 16400), (1, 1000), (24, 65536)):
+            for m in (1, 8, hp.SMALL_MAX_M, hp.SMALL_MAX_M + 1):
+                for S in (1, 2, 3, 16, 64, 300):
+                    fast = n == 24 and K % 32 == 0
+                    mma_rule = kind == "mma" and (m >= hp.CUDA_MIN_M or (m >= hp.CUDA_MIN_M_SPLIT and (S >= 2 or fast)))
+                    small = m <= hp.SMALL_MAX_M and hp.small_sub_splits(K, S, n) > 0
+                    assert hp.auto_prefers_cuda(m, S, kind, n, K) == (small or mma_rule), (kind, n, K, m, S)
 
 
 def test_pick_impl_without_a_gpu(monkeypatch):
@@ -703,6 +812,8 @@ def _fuzz_call(seed):
     cfg = None
     if impl == "cuda" and r.random() < 0.3:
         cfg = {"p": r.randint(1, 64)}
+    elif impl == "cuda" and m <= 128 and r.random() < 0.4:   # the few-rows kernel forced, any rows per block
+        cfg = {"small_rows": r.choice(hp._SMALL_ROWS)}
     desc = (f"seed {seed}: m={m} K={K} n={n} num_splits={num_splits} impl={impl} cfg={cfg} tf32={tf32} "
             f"x_stride={tuple(x.stride())} fn_stride={tuple(fn.stride())} out={tuple(out.shape)}{tuple(out.stride())} "
             f"sq={tuple(sq.shape)}{tuple(sq.stride())} sms={sms}")
@@ -721,7 +832,7 @@ def test_gpu_fuzz(monkeypatch, seed):
     if impl == "cuda":
         why = hp.cuda_unsupported(x, fn, S)
         groups = -(-m // hp._CUDA_ROWS) * S
-        if cfg and cfg["p"] > 1 and groups > hp._COUNTER_CAP:
+        if cfg and cfg.get("p", 1) > 1 and groups > hp._COUNTER_CAP:
             cfg = None
         if why is not None and m:   # the compiled kernel must refuse by name, and auto then runs Triton
             with pytest.raises(UnsupportedCase, match="cannot take this call"):

@@ -1,5 +1,6 @@
 // Launcher of the hc_prenorm GEMM kernel (see kernel.cuh).
 #include "hc_prenorm/kernel.cuh"
+#include "hc_prenorm/kernel_small.cuh"
 
 namespace dsv4 {
 
@@ -10,14 +11,9 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
   bool pdl = false;
   cudaError_t e = pdl_enabled(g_hc_pdl, &pdl);
   if (e != cudaSuccess) return e;
-  const unsigned m_tiles = (unsigned)((p.m + kRows - 1) / kRows);
-  const dim3 grid(m_tiles, (unsigned)(p.num_splits * p.sub_splits));
-  // the kFast kernel's conditions (kernel.cuh): at least one whole tile of rows, whole chunks, 24 fn rows;
-  // P = 1: out row-contiguous with 16-byte aligned rows (its S stride matters only when S > 1)
-  const bool fast_shape = p.m >= kRows && p.K % kChunk == 0 && p.n == kN;
-  if (p.sub_splits > 1 && fast_shape && ((uintptr_t)p.ws & 15) == 0) {
-    // P > 1: the kFast kernel stores the S * P partials into the workspace as its out [S * P, m, 24] and
-    // sqrsum [S * P, m], the reduce grid (PDL) sums them into the caller's out / sqrsum
+  // P > 1 with n = 24 (both kernels' callers check it): the S P partials go to the workspace as out [S P, m, 24]
+  // and sqrsum [S P, m], and hc_prenorm_reduce_kernel (PDL) sums them into the caller's out / sqrsum
+  auto to_workspace = [&p]() {
     HcPrenormParams q = p;
     q.out = p.ws;
     q.out_stride_s = p.m * kN;
@@ -26,11 +22,48 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
     q.sqrsum = p.ws + p.num_splits * p.sub_splits * p.m * kN;
     q.sq_stride_s = p.m;
     q.sq_stride_m = 1;
-    e = launch_kernel(hc_prenorm_kernel<true>, grid, kThreads, 0, pdl, stream, q);
-    if (e != cudaSuccess) return e;
+    return q;
+  };
+  auto reduce = [&]() {
     const int64_t units = p.num_splits * p.m * (kN / 4 + 1);   // float4s of out + sqrsum values
     return launch_kernel(hc_prenorm_reduce_kernel, dim3((unsigned)((units + 31) / 32)), 32 * kRedWarps, 0, pdl,
                          stream, p);
+  };
+  if (p.small_rows > 0) {
+    // the few-rows kernel (kernel_small.cuh), R = small_rows x rows per block: <rows, fn rows per lane, row
+    // groups, columns per lane and round>; one round covers a 256-wide split (SGLang's 64 splits of K = 16384)
+    // up to R = 8, two rounds at R = 16 (one would need ~200 registers: one block per SM). H100, run 16: the
+    // 16-row block as 8 x 3 / 4 x 6 / 2 x 3 per lane, or a 32-row block, was 10-90 % slower at m = 16-64.
+    // P > 1 (one caller split, api.cu): the kernel sees the P sub-slices as P splits of the workspace
+    HcPrenormParams q = p;
+    if (p.sub_splits > 1) {
+      q = to_workspace();
+      q.num_splits = p.sub_splits;
+      q.sub_splits = 1;
+    }
+    const dim3 grid((unsigned)q.num_splits, (unsigned)((p.m + p.small_rows - 1) / p.small_rows));
+    switch (p.small_rows) {
+      case 1: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 1, 2>, grid, hcs::kThreads, 0, pdl, stream, q); break;
+      case 2: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 2, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
+      case 4: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 4, 8>, grid, hcs::kThreads, 0, pdl, stream, q); break;
+      case 8: e = launch_kernel(hcs::hc_prenorm_small_kernel<2, 3, 4, 8>, grid, hcs::kThreads, 0, pdl, stream, q); break;
+      case 16: e = launch_kernel(hcs::hc_prenorm_small_kernel<4, 3, 4, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
+      default: return cudaErrorInvalidValue;   // api.cu refuses it by name first
+    }
+    if (e != cudaSuccess || p.sub_splits == 1) return e;
+    return reduce();
+  }
+  const unsigned m_tiles = (unsigned)((p.m + kRows - 1) / kRows);
+  const dim3 grid(m_tiles, (unsigned)(p.num_splits * p.sub_splits));
+  // the kFast kernel's conditions (kernel.cuh): at least one whole tile of rows, whole chunks, 24 fn rows;
+  // P = 1: out row-contiguous with 16-byte aligned rows (its S stride matters only when S > 1)
+  const bool fast_shape = p.m >= kRows && p.K % kChunk == 0 && p.n == kN;
+  if (p.sub_splits > 1 && fast_shape && ((uintptr_t)p.ws & 15) == 0) {
+    // P > 1: the kFast kernel stores the S * P partials into the workspace as its out [S * P, m, 24] and
+    // sqrsum [S * P, m], the reduce grid (PDL) sums them into the caller's out / sqrsum
+    e = launch_kernel(hc_prenorm_kernel<true>, grid, kThreads, 0, pdl, stream, to_workspace());
+    if (e != cudaSuccess) return e;
+    return reduce();
   }
   const bool fast = p.sub_splits == 1 && fast_shape && p.out_stride_n == 1 && p.out_stride_m == kN &&
                     (p.num_splits == 1 || p.out_stride_s % 4 == 0) && ((uintptr_t)p.out & 15) == 0;

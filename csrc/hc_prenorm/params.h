@@ -13,6 +13,8 @@ extern "C" {
 #define DSV4_HC_PRENORM_MAX_N 24
 // K sub-slices per caller split (P): bounded so one reducing block reads at most 64 partials per output.
 #define DSV4_HC_PRENORM_MAX_SUB 64
+// x rows per block of the few-rows kernel (kernel_small.cuh): small_rows is one of 1, 2, 4, 8, 16.
+#define DSV4_HC_PRENORM_SMALL_MAX_ROWS 16
 
 typedef struct HcPrenormParams {
   const void* x;          // bf16 [m, K], unit stride along K; rows 16-byte aligned (x_stride % 8 == 0)
@@ -29,12 +31,15 @@ typedef struct HcPrenormParams {
   float* ws;              // P > 1: fp32 partials (any content), at least S * m_tiles * P * 1600 floats: the general
                           // kernel's [S * m_tiles * P, 1600], or, kFast shapes (hc_prenorm.cu), out [S * P, m, 24]
                           // then sqrsum [S * P, m]; 16-byte aligned for the latter
-  int32_t* counters;      // P > 1: int32 [S * m_tiles], zero on entry; left zero on exit
+  int32_t* counters;      // P > 1 (the MMA kernel): int32 [S * m_tiles], zero on entry; left zero on exit
   int64_t m;
   int64_t n;              // 1 .. DSV4_HC_PRENORM_MAX_N
   int64_t K;              // multiple of 8
   int64_t num_splits;     // S, the caller's splits (DeepGEMM's 64-wide block partition)
   int64_t sub_splits;     // P, sub-slices of every split (1: no workspace, no counters)
+  int64_t small_rows;     // 0: the MMA kernel (kernel.cuh); 1, 2, 4, 8 or 16: the few-rows FMA kernel
+                          // (kernel_small.cuh) with this many x rows per block (P > 1: n = 24 and S = 1 only,
+                          // no counters used)
 } HcPrenormParams;
 
 #ifdef __cplusplus

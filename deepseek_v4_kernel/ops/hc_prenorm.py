@@ -40,6 +40,12 @@ shape, run 14): fn as the MMA's A operand ([hi | lo] bf16 rows, the same bf16x2 
 straight from global memory as the B operand, 1.4-1.9x the mma.sync Triton kernel at m >= 256 on the
 H100 (1.5x at m = 64 with DeepSeek-V4's shape, run 14). ``impl`` / env DSV4_HC_PRENORM_IMPL picks a
 kernel (pick_impl); cases it does not take go to the Triton kernel under "auto".
+
+Few-rows kernel (csrc/hc_prenorm/kernel_small.cuh, run 16): decode calls (m <= 64) on every GPU kind: fp32
+FMA, one block per (256-wide split or sub-slice, 1-16 rows) (``small_rows``, ``small_sub_splits``), every load
+issued at once; with SGLang's own 64 splits no workspace and no second grid. H100 with SGLang's splits: m = 1 / 8 / 16 /
+32 / 64 in 2.3 / 2.9 / 3.5 / 5.2 / 6.4 us (Triton 4.6 / 4.8 / 5.4 / 7.1 / 7.1; the Triton FMA variant above
+had one program per 16-row tile and split and lost to its MMA kernel).
 """
 from __future__ import annotations
 
@@ -518,6 +524,8 @@ IMPLS = ("auto", "triton", "cuda")
 # docs/hc_prenorm.md). Where Triton builds wgmma (sm_90, not a target) its kernel stays the default (run 9:
 # faster than the compiled one at m >= 8192 and m <= 256 there; since run 14 the compiled kernel is the
 # faster one there too from m = 64 to 8192 with DeepSeek-V4's shape, equal at 16384).
+# The few-rows kernel (small_applies: m <= SMALL_MAX_M with the caller's narrow splits) comes first, on every
+# kind: it uses no tensor cores, so Triton's instruction class does not matter to it.
 CUDA_MIN_M = 256
 CUDA_MIN_M_SPLIT = 64
 _CUDA_AUTO_SUB = 32   # most sub-slices auto picks (H100 run 9 sweep: the last block's sum of P partials
@@ -554,6 +562,47 @@ def cuda_unsupported(x, fn, S: int):
     return extension_error(x.device)
 
 
+# The few-rows kernel (csrc/hc_prenorm/kernel_small.cuh: fp32 FMA, one block per (split or sub-slice, R rows),
+# no shared memory, one round of loads per 256 K values at R <= 8): decode calls, m <= SMALL_MAX_M. SGLang's
+# own splits (64 at m <= 64) are 256 wide: one block each. One wide split (num_splits None: SGLang
+# 0.5.13-0.5.22's hc_pre at decode) is cut into P sub-slices of <= 256 whose partials a second small grid sums
+# (n = 24 only, the reduce grid's layout); other splits of up to SMALL_MAX_SPLIT_K take several load rounds.
+SMALL_MAX_M = 64
+SMALL_MAX_SPLIT_K = 1024
+_SMALL_SUB_K = 256
+_SMALL_ROWS = (1, 2, 4, 8, 16)   # kernel_small.cuh instances (DSV4_HC_PRENORM_SMALL_MAX_ROWS = 16)
+
+
+def small_sub_splits(K: int, S: int, n: int) -> int:
+    """P, the sub-slices per caller split of the few-rows kernel (1: none), or 0 where it does not apply."""
+    longest = triton.cdiv(triton.cdiv(K, _KBLOCK), S) * _KBLOCK   # K of the widest split
+    if longest <= _SMALL_SUB_K:
+        return 1
+    if n == _CUDA_MAX_N and S == 1:   # (the launcher runs the P sub-slices as P splits: one caller split only)
+        P = min(_CUDA_MAX_SUB, triton.cdiv(longest, _SMALL_SUB_K))
+        if triton.cdiv(longest // _KBLOCK, P) * _KBLOCK <= SMALL_MAX_SPLIT_K:
+            return P
+    return 1 if longest <= SMALL_MAX_SPLIT_K else 0
+
+
+def small_applies(m: int, K: int, S: int, n: int) -> bool:
+    """Whether the few-rows kernel takes m rows of K, n fn rows and the caller's S splits (shape only)."""
+    return 1 <= m <= SMALL_MAX_M and small_sub_splits(K, S, n) > 0
+
+
+def small_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N) -> int:
+    """R, x rows per block of the few-rows kernel (0: it does not apply): the fewest rows per block whose grid
+    (S P x ceil(m / R)) still fits one block per SM, else 16 (fn is re-read from L2 by every row group, so more
+    blocks than SMs would cost L2 traffic without adding anything the SMs could overlap; H100 run 16)."""
+    if not small_applies(m, K, S, n):
+        return 0
+    blocks = S * small_sub_splits(K, S, n)
+    for r in _SMALL_ROWS:
+        if blocks * triton.cdiv(m, r) <= num_sms:
+            return r
+    return _SMALL_ROWS[-1]
+
+
 def cuda_sub_splits(m: int, K: int, S: int, num_sms: int) -> int:
     """P, the K sub-slices per caller split of the compiled kernel: as many blocks as fit one wave (it
     holds one block per SM; H100 sweep, run 9: a second partial wave costs as much as the first).
@@ -569,6 +618,8 @@ def auto_prefers_cuda(m: int, S: int, kind: str, n: int, K: int) -> bool:
     """Whether "auto" takes the compiled kernel for m rows of K, n fn rows and the caller's S splits, with
     Triton's instruction class ``kind`` (mma_kind)."""
     fast_shape = n == _CUDA_MAX_N and K % _CUDA_CHUNK == 0   # the kFast kernel's (csrc/hc_prenorm/hc_prenorm.cu)
+    if small_applies(m, K, S, n):   # no tensor cores: the same on every kind
+        return True
     return kind == "mma" and (m >= CUDA_MIN_M or (m >= CUDA_MIN_M_SPLIT and (S >= 2 or fast_shape)))
 
 
@@ -594,36 +645,37 @@ def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
     return "triton"
 
 
-def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P):
+def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0):
     """One launch of csrc/hc_prenorm on the current stream (no host sync; the workspace and counters are
     the persistent per-stream buffers of the Triton path, sized by shapes only)."""
     from deepseek_v4_kernel._ext import HcPrenormParams, load
 
     dev = x.device
     cnt = None
-    if P > 1:
+    if P > 1 and not R:   # the MMA kernel's general instance hands off through counters
         cnt = _counters(dev)
         if cnt is None:  # capturing a graph before any eager call on this stream
             P = 1
     p = HcPrenormParams()
     if P > 1:
         p.ws = _workspace(dev, S * triton.cdiv(m, _CUDA_ROWS) * P * _CUDA_OUT).data_ptr()
-        p.counters = cnt.data_ptr()
+        if cnt is not None:
+            p.counters = cnt.data_ptr()
     p.x, p.x_stride = x.data_ptr(), x.stride(0)
     p.fn, p.fn_stride = fn.data_ptr(), fn.stride(0)
     p.out, (p.out_stride_s, p.out_stride_m, p.out_stride_n) = out3.data_ptr(), out3.stride()
     p.sqrsum, (p.sq_stride_s, p.sq_stride_m) = sq2.data_ptr(), sq2.stride()
-    p.m, p.n, p.K, p.num_splits, p.sub_splits = m, n, K, S, P
+    p.m, p.n, p.K, p.num_splits, p.sub_splits, p.small_rows = m, n, K, S, P, R
     lib = load()
     with torch.cuda.device(dev):
         rc = lib.dsv4_hc_prenorm(p, torch.cuda.current_stream(dev).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
     global last_launch
-    last_launch = ("cuda", P)
+    last_launch = ("cuda", P, R)
 
 
-last_launch = None  # ("cuda", P) or ("triton", cfg) of the latest call (tests, bench)
+last_launch = None  # ("cuda", P, R) (R > 0: the few-rows kernel) or ("triton", cfg) of the latest call (tests, bench)
 
 
 @on_input_device
@@ -631,20 +683,30 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
     """In-place split-K pre-norm GEMM + square-sum (see module docstring). Returns None.
 
     ``impl``: "auto" / "triton" / "cuda" (pick_impl). ``_config`` (dict, optional) overrides the Triton
-    tile choice (bench sweeps only); with impl "cuda" only its ``p`` is read (the sub-split count)."""
+    tile choice (bench sweeps only); with impl "cuda" only its ``p`` (the sub-split count) and ``small_rows``
+    (the few-rows kernel's rows per block; 0: the MMA kernel) are read."""
     m, K, n, S = _check(x, fn, out, sqrsum, num_splits)
     if m == 0:
         return None
     dev = x.device
     if pick_impl(x, fn, S, impl, _config) == "cuda":
         num_sms = sm_count(dev)
+        out3 = out if out.dim() == 3 else out.unsqueeze(0)
+        sq2 = sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0)
+        R = (_config or {}).get("small_rows")
+        if R is None:   # a forced sub-split count p means the MMA kernel
+            R = 0 if (_config or {}).get("p") else small_rows(m, K, S, num_sms, n)
+        elif R and (R not in _SMALL_ROWS or triton.cdiv(m, R) > 65535 or (_config or {}).get("p") is not None):
+            raise _fail("_config small_rows", f"0 or one of {_SMALL_ROWS} (without p, and ceil(m / R) <= 65535)", R)
+        if R:   # forced onto a shape the rule does not take: whole splits, however wide (correct, slow)
+            _cuda_gemm(x, fn, out3, sq2, m, K, n, S, small_sub_splits(K, S, n) or 1, R)
+            return None
         P = (_config or {}).get("p") or cuda_sub_splits(m, K, S, num_sms)
         groups = triton.cdiv(m, _CUDA_ROWS) * S
         if not (1 <= P <= _CUDA_MAX_SUB and (P == 1 or groups <= _COUNTER_CAP)):
             raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda' (1 when m tiles x splits = {groups} "
                         f"> {_COUNTER_CAP} counters)", P)
-        _cuda_gemm(x, fn, out if out.dim() == 3 else out.unsqueeze(0),
-                   sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0), m, K, n, S, P)
+        _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P)
         return None
     bf16x2 = _precision()
     num_sms = sm_count(dev) if dev.type == "cuda" else 8
