@@ -122,7 +122,8 @@ def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
             t = time_graph(calls, reps)
             res[label + sfx + "_us"] = t
             res[label + sfx + "_launch"] = str(hp.last_launch[0]) + (
-                f" P={hp.last_launch[1]}" if hp.last_launch[0] == "cuda" else "")
+                (f" small R={hp.last_launch[2]}" if hp.last_launch[2] else f" P={hp.last_launch[1]}")
+                if hp.last_launch[0] == "cuda" else "")
             res[label + "_splits"] = S
             res[label + sfx + "_floor_pct"] = 100 * (per / bw * 1e6) / t
             if S_arg is None:
@@ -163,6 +164,7 @@ def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
     res["sgl_hc_pre_us"] = time_graph([lambda s=s: sgl_hc_pre(s) for s in sets], reps)
     res["ours_hc_pre_us"] = time_graph([lambda s=s: ours_hc_pre(s) for s in sets], reps)
     res["speedup_vs_torch_fp32"] = res["torch_fp32_us"] / res["ours_us"]
+    res["speedup_mhc_splits_vs_torch_fp32"] = res["torch_fp32_us"] / res["ours_mhc_splits_us"]
     res["speedup_vs_torch_tf32"] = res["torch_tf32_us"] / res["ours_us"]
     res["speedup_hc_pre"] = res["sgl_hc_pre_us"] / res["ours_hc_pre_us"]
     del sets
@@ -199,6 +201,45 @@ def cuda_sweep(ms, bw, n_sms, reps):
                 print(f"  cuda m={m:5d} S={S:3d} P={P:3d}: {t:8.2f} us {rec['floor_pct']:5.1f} % floor, "
                       f"max err / A {err:.2e}{'  <- cuda_sub_splits' if rec['picked'] else ''}", flush=True)
             del sets, ref, scale
+    return out
+
+
+def small_sweep(ms, bw, n_sms, reps):
+    """SGLang's decode calls (its mhc_pre split count, m <= 64): the few-rows kernel at each rows-per-block
+    R (small_rows' pick marked), the MMA kernel (its own sub-split pick), Triton, and torch fp32 (the issue's
+    competitor), all in this run, each kernel checked against float64 first (sum over the splits)."""
+    out = []
+    print(f"{'m':>4} {'S':>3} {'variant':>14} {'us':>7} {'%floor':>6} {'x torch32':>9}  check", flush=True)
+    for m in ms:
+        S = sglang_num_splits(m, n_sms)
+        sets, per = make_sets(m, S)
+        x, fn, o, q = sets[0]
+        ref = x.double() @ fn.double().T
+        scale = x.double().abs() @ fn.double().abs().T
+        rsq = x.double().square().sum(-1)
+        t_torch = time_graph([lambda s=s: (s[0].float() @ s[1].T, s[0].float().square().sum(-1)) for s in sets],
+                             reps)
+        variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
+        variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
+        pick = hp.small_rows(m, K, S, n_sms)
+        for label, impl, cfg in variants:
+            o.fill_(float("nan"))
+            q.fill_(float("nan"))
+            hp.hc_prenorm_gemm(x, fn, o, q, S, impl=impl, _config=cfg)
+            err = float(((o.sum(0).double() - ref).abs() / scale).max())
+            sq_err = float(((q.sum(0).double() - rsq).abs() / rsq).max())
+            ok = err <= 2.0 ** -13 and sq_err <= 2e-5
+            t = time_graph([lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2], s[3], S, impl=impl, _config=cfg)
+                            for s in sets], reps)
+            rec = dict(m=m, S=S, variant=label, us=t, floor_pct=100 * (per / bw * 1e6) / t, torch_fp32_us=t_torch,
+                       x_torch_fp32=t_torch / t, rel_err=err, sq_rel_err=sq_err, ok=ok,
+                       picked=cfg is not None and cfg.get("small_rows") == pick and pick > 0)
+            out.append(rec)
+            print(f"{m:4d} {S:3d} {label:>14} {t:7.2f} {rec['floor_pct']:6.1f} {rec['x_torch_fp32']:9.2f}  "
+                  f"{'ok' if ok else 'FAIL'} err/A {err:.1e} sq {sq_err:.1e}{'  <- small_rows' if rec['picked'] else ''}",
+                  flush=True)
+        print(f"{m:4d} {S:3d} {'torch fp32':>14} {t_torch:7.2f} {100 * (per / bw * 1e6) / t_torch:6.1f}", flush=True)
+        del sets, ref, scale
     return out
 
 
@@ -373,6 +414,9 @@ def main():
                          "(e.g. sq2d, presplit), alternating, 2 rounds, each checked first")
     ap.add_argument("--impls", default="auto,triton,cuda",
                     help="kernels timed per row: auto (what users get), triton, cuda (forced)")
+    ap.add_argument("--small-sweep", default="", metavar="MS",
+                    help="for these m (<= 64, comma-separated), SGLang's split count: the few-rows kernel at every "
+                         "rows-per-block, the MMA kernel, Triton and torch fp32 (small_rows data)")
     ap.add_argument("--cuda-sweep", default="", metavar="MS",
                     help="for these m (comma-separated): the compiled kernel at every sub-split count P "
                          "(cuda_sub_splits data)")
@@ -411,6 +455,8 @@ def main():
         return
     if args.diag:
         result["diag"] = diagnostics(bw, n_sms, args.reps)
+    if args.small_sweep:
+        result["small_sweep"] = small_sweep([int(v) for v in args.small_sweep.split(",")], bw, n_sms, args.reps)
     if args.cuda_sweep:
         result["cuda_sweep"] = cuda_sweep([int(v) for v in args.cuda_sweep.split(",")], bw, n_sms,
                                           max(5, args.reps // 3))
@@ -446,7 +492,7 @@ def main():
                 f"{r['ours_mhc_splits_' + i + '_us']:11.2f} {r['ours_mhc_splits_' + i + '_floor_pct']:6.0f}"
                 for i in forced))
     hdr = (f"{'m':>6} {'ours us':>8} {'%floor':>6} {'legacy':>7} {'mhcS':>4} {'ours(S) us':>10} "
-           f"{'torch32':>8} {'torchtf32':>9} {'x fp32':>7} {'x tf32':>7} {'sgl_pre':>8} "
+           f"{'torch32':>8} {'torchtf32':>9} {'x fp32':>7} {'x tf32':>7} {'x32(S)':>7} {'sgl_pre':>8} "
            f"{'ours_pre':>8} {'x pre':>6}")
     print(hdr)
     for r in rows:
@@ -455,6 +501,7 @@ def main():
               f"{r['ours_mhc_splits_splits']:>4} "
               f"{r['ours_mhc_splits_us']:10.2f} {r['torch_fp32_us']:8.2f} {r['torch_tf32_us']:9.2f} "
               f"{r['speedup_vs_torch_fp32']:7.2f} {r['speedup_vs_torch_tf32']:7.2f} "
+              f"{r['speedup_mhc_splits_vs_torch_fp32']:7.2f} "
               f"{r['sgl_hc_pre_us']:8.2f} {r['ours_hc_pre_us']:8.2f} {r['speedup_hc_pre']:6.2f}")
     result["bench_s"] = time.time() - t0
     with open(out_path, "w") as f:
