@@ -271,7 +271,7 @@ def test_gpu_cuda_kernel(m, K, n, num_splits, p):
     (1, 16384, 24, 64, None), (2, 16384, 24, 64, None), (8, 16384, 24, 64, None), (33, 16384, 24, 64, None),
     (64, 16384, 24, 64, None), (1, 16384, 24, 16, None), (64, 16384, 24, 16, None), (5, 16400, 24, 64, None),
     # num_splits None / few splits (SGLang 0.5.13-0.5.22's hc_pre): sub-slices of 256, the reduce grid sums them
-    (1, 16384, 24, None, None), (8, 16384, 24, None, None), (64, 16384, 24, None, None), (5, 16416, 24, None, None),
+    (1, 16384, 24, None, None), (8, 16384, 24, None, None), (63, 16384, 24, None, None), (5, 16416, 24, None, None),
     (3, 4096, 24, 4, None), (7, 16384, 17, 16, None), (30, 4000, 24, 1, None), (64, 16384, 24, None, 1),
     (13, 16384, 24, 64, 1), (13, 16384, 24, 64, 2), (13, 16384, 24, 64, 4), (13, 16384, 24, 64, 8),
     (13, 16384, 24, 64, 16), (20, 16384, 13, 64, 16), (45, 16384, 17, 64, 16), (100, 4096, 24, 16, 16),
@@ -681,14 +681,19 @@ def test_small_rows_rule():
     assert hp.small_rows(65, 16384, 64, 132) == 0 and hp.small_rows(0, 16384, 64, 132) == 0
     # wider splits: sub-slices of 256 (n = 24) summed by the reduce grid, or several load rounds (n < 24)
     assert hp.small_rows(1, 16384, 1, 132) == 1 and hp.small_rows(8, 16384, 1, 132) == 4   # num_splits None: P 64
+    assert hp.small_rows(63, 16384, 1, 132) == 16 and hp.small_rows(64, 16384, 1, 132) == 0
     assert hp.small_rows(1, 16384, 16, 132) == 1 and hp.small_rows(1, 16384, 8, 132) == 0
     assert hp.small_rows(1, 1024, 1, 132, n=5) == 1 and hp.small_rows(1, 2048, 1, 132, n=5) == 0
     for sms in (24, 132, 170, 188):
         for S in (1, 2, 16, 64, 300):
             for m in range(1, hp.SMALL_MAX_M + 1):
                 r = hp.small_rows(m, 1024, S, sms)
+                P = hp.small_sub_splits(1024, S, 24)
+                if P > 1 and m > hp.SMALL_SUB_MAX_M:
+                    assert r == 0, (sms, S, m, r)
+                    continue
                 assert r in hp._SMALL_ROWS, (sms, S, m)
-                groups = S * hp.small_sub_splits(1024, S, 24)
+                groups = S * P
                 assert groups * -(-m // r) <= sms or r == hp._SMALL_ROWS[-1], (sms, S, m, r)
                 assert r == 1 or groups * -(-m // (r // 2)) > sms, (sms, S, m, r)
 
@@ -725,6 +730,9 @@ def test_auto_prefers_cuda_only_where_triton_builds_mma_sync():
     assert hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT, 1, "mma", 24, 16384)
     assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT + 1, 1, "mma", 17, 16384)
     assert not any(hp.auto_prefers_cuda(m, S, "wgmma", 24, 16384) for m in (65, 512, 65536) for S in (1, 8, 64))
+    # with sub-slices (num_splits None) up to m = 63; at 64 the MMA kernel where Triton builds mma.sync
+    assert hp.auto_prefers_cuda(63, 1, "wgmma", 24, 16384) and not hp.auto_prefers_cuda(64, 1, "wgmma", 24, 16384)
+    assert hp.auto_prefers_cuda(64, 64, "wgmma", 24, 16384)
     # the few-rows kernel (no tensor cores): on every kind, m <= SMALL_MAX_M where small_sub_splits applies
     for kind in ("mma", "wgmma"):
         for n, K in ((24, 16384), (17, 16384), (24, 16400), (1, 1000), (24, 65536)):
@@ -732,7 +740,8 @@ def test_auto_prefers_cuda_only_where_triton_builds_mma_sync():
                 for S in (1, 2, 3, 16, 64, 300):
                     fast = n == 24 and K % 32 == 0
                     mma_rule = kind == "mma" and (m >= hp.CUDA_MIN_M or (m >= hp.CUDA_MIN_M_SPLIT and (S >= 2 or fast)))
-                    small = m <= hp.SMALL_MAX_M and hp.small_sub_splits(K, S, n) > 0
+                    P = hp.small_sub_splits(K, S, n)
+                    small = P > 0 and m <= (hp.SMALL_MAX_M if P == 1 else hp.SMALL_SUB_MAX_M)
                     assert hp.auto_prefers_cuda(m, S, kind, n, K) == (small or mma_rule), (kind, n, K, m, S)
 
 

@@ -568,6 +568,8 @@ def cuda_unsupported(x, fn, S: int):
 # 0.5.13-0.5.22's hc_pre at decode) is cut into P sub-slices of <= 256 whose partials a second small grid sums
 # (n = 24 only, the reduce grid's layout); other splits of up to SMALL_MAX_SPLIT_K take several load rounds.
 SMALL_MAX_M = 64
+SMALL_SUB_MAX_M = 63   # with sub-slices: at m = 64 the MMA kernel's 64-row tile is faster (H100 run 16, num_splits
+                       # None: 6.7 vs 7.9-8.3 us; at m = 32 the few-rows kernel 6.7-7.1, Triton 9.0-9.4)
 SMALL_MAX_SPLIT_K = 1024
 _SMALL_SUB_K = 256
 _SMALL_ROWS = (1, 2, 4, 8, 16)   # kernel_small.cuh instances (DSV4_HC_PRENORM_SMALL_MAX_ROWS = 16)
@@ -587,7 +589,8 @@ def small_sub_splits(K: int, S: int, n: int) -> int:
 
 def small_applies(m: int, K: int, S: int, n: int) -> bool:
     """Whether the few-rows kernel takes m rows of K, n fn rows and the caller's S splits (shape only)."""
-    return 1 <= m <= SMALL_MAX_M and small_sub_splits(K, S, n) > 0
+    P = small_sub_splits(K, S, n)
+    return 1 <= m <= (SMALL_MAX_M if P == 1 else SMALL_SUB_MAX_M) and P > 0
 
 
 def small_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N) -> int:
