@@ -76,15 +76,16 @@ def check_indexer_logits(device: str = "cuda") -> str:
 
 
 def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
-    """A decode-sized call with the caller's splits (the Triton kernel) and a prefill-sized one without
-    (the compiled kernel where Triton builds mma.sync, e.g. SM120; "auto" picks)."""
+    """Decode-sized calls with the caller's splits (SGLang's 64: the compiled few-rows kernel; 4: the Triton
+    kernel) and a prefill-sized one without (the compiled MMA kernel where Triton builds mma.sync, e.g. SM120;
+    "auto" picks)."""
     import torch
 
     from .ops import hc_prenorm as hp
     from .reference.hc_prenorm import hc_prenorm_gemm_ref
 
     parts = []
-    for m, S in ((37, 4), (300, None)):
+    for m, S in ((5, 64), (37, 4), (300, None)):
         n = 24
         x = torch.randn(m, K).to(torch.bfloat16).to(device)
         fn = (torch.randn(n, K) * K ** -0.5).to(device)
