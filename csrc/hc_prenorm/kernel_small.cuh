@@ -36,7 +36,7 @@ __device__ __forceinline__ float4 bf16x4_to_float4(uint2 v) {
 
 // kRT x rows and kJ fn rows per lane, kTR row groups per block (R = kRT kTR rows), kU columns per lane in one
 // round of loads. Slots (a row group x an fn-row group, kTK lanes each) are numbered row-group major: the
-// slots of a warp share their x rows and read different fn rows (H100, run 16: 4-12 % faster than the
+// slots of a warp share their x rows and read different fn rows (H100, run 16: 5-13 % faster than the
 // other order, whose warps share fn rows); every lane computes the square-sums (4 FMA per x row and column
 // next to kJ x 4), the fn-row group 0 lanes store them.
 template <int kRT, int kJ, int kTR, int kU>
