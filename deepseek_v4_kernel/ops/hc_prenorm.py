@@ -595,8 +595,9 @@ def small_applies(m: int, K: int, S: int, n: int) -> bool:
 
 def small_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N) -> int:
     """R, x rows per block of the few-rows kernel (0: it does not apply): the fewest rows per block whose grid
-    (S P x ceil(m / R)) still fits one block per SM, else 16 (fn is re-read from L2 by every row group, so more
-    blocks than SMs would cost L2 traffic without adding anything the SMs could overlap; H100 run 16)."""
+    (S P x ceil(m / R)) still fits one block per SM, else 16. With the kernel's registers (one block per SM from
+    R = 4) a second wave was slower on the H100 (run 16: R = 8 at m = 32 5.9 us, R = 16 5.1; R = 4 at m = 16 4.6,
+    R = 8 3.5); a two-blocks-per-SM build did better there (4.2 us at m = 32), not taken further yet."""
     if not small_applies(m, K, S, n):
         return 0
     blocks = S * small_sub_splits(K, S, n)
