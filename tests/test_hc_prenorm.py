@@ -39,6 +39,15 @@ def _poisoned(m, n, S, device, flat=False):
             torch.full((S, m), float("nan"), device=device))
 
 
+def _strided_out(S, m, lo, device="cuda", n=24, width=32):
+    """Caller-owned strided buffers: out [S, m, n] at column offset lo of a NaN-filled [S, m, width] tensor
+    (row stride width), sqrsum [S, m] as the transpose of a NaN-filled [m, S] one (strides (1, S)). Returns
+    (out, sqrsum, margins_nan), the last a function: whether nothing was written beside out."""
+    big = torch.full((S, m, width), float("nan"), device=device)
+    sq = torch.full((m, S), float("nan"), device=device).T
+    return big[:, :, lo:lo + n], sq, lambda: bool(torch.isnan(big[:, :, :lo]).all() and torch.isnan(big[:, :, lo + n:]).all())
+
+
 def _check(x, fn, out, sq, num_splits):
     ro, rs = hc_prenorm_gemm_ref(x, fn, num_splits)  # float64 on x's device
     out, sq = out.double(), sq.double()
@@ -299,14 +308,12 @@ def test_gpu_small_kernel(m, K, n, num_splits, rows):
 @pytest.mark.gpu
 def test_gpu_small_kernel_strided_out_and_bad_rows():
     x, fn = _inputs(10, 16384, n=24, device="cuda", seed=11)
-    big = torch.full((64, 10, 32), float("nan"), device="cuda")
-    out = big[:, :, 5:29]                       # row stride 32, offset 5
-    sqb = torch.full((10, 64), float("nan"), device="cuda")
-    hp.hc_prenorm_gemm(x, fn, out, sqb.T, 64)   # sqrsum strides (1, 64)
+    out, sq, margins_nan = _strided_out(64, 10, 5)   # row stride 32, offset 5; sqrsum strides (1, 64)
+    hp.hc_prenorm_gemm(x, fn, out, sq, 64)
     torch.cuda.synchronize()
     assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0, hp.last_launch
-    _check(x, fn, out, sqb.T, 64)
-    assert torch.isnan(big[:, :, :5]).all() and torch.isnan(big[:, :, 29:]).all(), "wrote outside out"
+    _check(x, fn, out, sq, 64)
+    assert margins_nan(), "wrote outside out"
     o, q = _poisoned(10, 24, 64, "cuda")
     for bad in (3, 32, -1):
         with pytest.raises(UnsupportedCase, match="hc_prenorm: _config small_rows "):
@@ -322,14 +329,11 @@ def test_gpu_small_kernel_strided_out_and_bad_rows():
 @pytest.mark.gpu
 def test_gpu_cuda_kernel_strided_out_and_empty_splits():
     x, fn = _inputs(150, 256, n=24, device="cuda", seed=5)
-    big = torch.full((4, 150, 32), float("nan"), device="cuda")
-    out = big[:, :, 3:27]                       # row stride 32, offset 3
-    sqb = torch.full((150, 4), float("nan"), device="cuda")
-    sq = sqb.T                                  # [4, 150], strides (1, 4)
+    out, sq, margins_nan = _strided_out(4, 150, 3)   # row stride 32, offset 3; sqrsum [4, 150], strides (1, 4)
     hp.hc_prenorm_gemm(x, fn, out, sq, 4, impl="cuda")  # 4 64-blocks over 4 splits
     torch.cuda.synchronize()
     _check(x, fn, out, sq, 4)
-    assert torch.isnan(big[:, :, :3]).all() and torch.isnan(big[:, :, 27:]).all(), "wrote outside out"
+    assert margins_nan(), "wrote outside out"
     x, fn = _inputs(150, 128, device="cuda", seed=6)   # 2 blocks over 4 splits: 2, 3 empty -> 0
     out, sq = _poisoned(150, 24, 4, "cuda")
     hp.hc_prenorm_gemm(x, fn, out, sq, 4, impl="cuda")
@@ -345,13 +349,12 @@ def test_gpu_cuda_kernel_strided_out_and_empty_splits():
     _check(x, fn, out, sqb.T, 4)
     # kFast with sub-slices (P = 3): partials in the workspace, the reduce kernel writes the strided out / sqrsum
     x, fn = _inputs(150, 4096, n=24, device="cuda", seed=8)
-    big = torch.full((4, 150, 32), float("nan"), device="cuda")
-    sqb = torch.full((150, 4), float("nan"), device="cuda")
-    hp.hc_prenorm_gemm(x, fn, big[:, :, 3:27], sqb.T, 4, impl="cuda", _config={"p": 3})
+    out, sq, margins_nan = _strided_out(4, 150, 3)
+    hp.hc_prenorm_gemm(x, fn, out, sq, 4, impl="cuda", _config={"p": 3})
     torch.cuda.synchronize()
     assert hp.last_launch == ("cuda", 3, 0)
-    _check(x, fn, big[:, :, 3:27], sqb.T, 4)
-    assert torch.isnan(big[:, :, :3]).all() and torch.isnan(big[:, :, 27:]).all(), "wrote outside out"
+    _check(x, fn, out, sq, 4)
+    assert margins_nan(), "wrote outside out"
 
 
 # which kernels a compiled call launches (csrc/hc_prenorm/hc_prenorm.cu): sub-slices (P > 1) of kFast shapes
