@@ -693,10 +693,10 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
     if m == 0:
         return None
     dev = x.device
+    out3 = out if out.dim() == 3 else out.unsqueeze(0)   # both kernels take [S, m, n] / [S, m] views
+    sq2 = sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0)
     if pick_impl(x, fn, S, impl, _config) == "cuda":
         num_sms = sm_count(dev)
-        out3 = out if out.dim() == 3 else out.unsqueeze(0)
-        sq2 = sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0)
         R = (_config or {}).get("small_rows")
         if R is None:   # a forced sub-split count p means the MMA kernel
             R = 0 if (_config or {}).get("p") else small_rows(m, K, S, num_sms, n)
@@ -720,8 +720,6 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
     P, R, rb = cfg["p"], cfg["r"], cfg["rb"]
     if _interpret() and R > 1:  # the interpreter runs programs one by one: no waiting
         R, rb = 1, rb * R
-    out3 = out if out.dim() == 3 else out.unsqueeze(0)
-    sq2 = sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0)
     cnt = None
     if P > 1:
         cnt = _counters(dev)
