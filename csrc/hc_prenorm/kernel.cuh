@@ -40,7 +40,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 64;                      // x rows per block: 8 n8 tiles per warp (MMA N side)
 constexpr int kTiles = kRows / 8;
 constexpr int kChunk = 32;                     // K per warp step: two k16 MMA steps, 8 k values per lane
-constexpr int kKBlock = 64;                    // DeepGEMM's split granularity
+constexpr int kKBlock = DSV4_HC_PRENORM_KBLOCK;   // DeepGEMM's split granularity (params.h)
 constexpr int kN = DSV4_HC_PRENORM_MAX_N;      // 24 fn rows: A = 48 rows (hi, lo) = 3 m16 tiles
 constexpr int kPitch = 28;                     // smem floats per x row of a partial (24 used; 28 makes
                                                // the fragment-order stores conflict-free)

@@ -26,7 +26,7 @@ namespace dsv4 {
 namespace hcs {
 
 constexpr int kThreads = 256;
-constexpr int kKBlock = 64;                    // DeepGEMM's split granularity
+constexpr int kKBlock = DSV4_HC_PRENORM_KBLOCK;   // DeepGEMM's split granularity (params.h)
 
 __device__ __forceinline__ float4 bf16x4_to_float4(uint2 v) {
   const float2 a = __bfloat1622float2(*(const __nv_bfloat162*)&v.x);

@@ -13,6 +13,9 @@ extern "C" {
 #define DSV4_HC_PRENORM_MAX_N 24
 // K sub-slices per caller split (P): bounded so one reducing block reads at most 64 partials per output.
 #define DSV4_HC_PRENORM_MAX_SUB 64
+// DeepGEMM's split granularity (BLOCK_K of its sm90 / sm100 kernels): split s of S gets nb / S of the nb 64-wide K
+// blocks, the first nb % S one more; both kernels partition K this way.
+#define DSV4_HC_PRENORM_KBLOCK 64
 // x rows per block of the few-rows kernel (kernel_small.cuh): small_rows is one of 1, 2, 4, 8, 16.
 #define DSV4_HC_PRENORM_SMALL_MAX_ROWS 16
 
