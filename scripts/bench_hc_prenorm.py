@@ -82,6 +82,12 @@ def time_graph(calls, reps):
     return e0.elapsed_time(e1) * 1e3 / (reps * len(calls))
 
 
+def torch_fp32(s):
+    """The issue's torch competitor: one fp32 copy of x, its product with fn and its square-sum."""
+    xf = s[0].float()
+    return xf @ s[1].T, xf.square().sum(-1)
+
+
 def sglang_num_splits(m, n_sms):
     block_m, block_k = 64, 64
     grid = (m + block_m - 1) // block_m
@@ -135,19 +141,10 @@ def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
         return res
     sets, _ = make_sets(m, 1)
 
-    def torch_ref(s):
-        xf = s[0].float()
-        s[2][0].copy_(xf @ s[1].T)  # SGLang allocates the result; copy keeps buffers fixed
-        s[3][0].copy_(xf.square().sum(-1))
-
-    def torch_ref_nocopy(s):
-        xf = s[0].float()
-        return xf @ s[1].T, xf.square().sum(-1)
-
-    res["torch_fp32_us"] = time_graph([lambda s=s: torch_ref_nocopy(s) for s in sets], reps)
+    res["torch_fp32_us"] = time_graph([lambda s=s: torch_fp32(s) for s in sets], reps)
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        res["torch_tf32_us"] = time_graph([lambda s=s: torch_ref_nocopy(s) for s in sets], reps)
+        res["torch_tf32_us"] = time_graph([lambda s=s: torch_fp32(s) for s in sets], reps)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = False
 
@@ -205,41 +202,49 @@ def cuda_sweep(ms, bw, n_sms, reps):
 
 
 def small_sweep(ms, bw, n_sms, reps):
-    """SGLang's decode calls (its mhc_pre split count, m <= 64): the few-rows kernel at each rows-per-block
+    """SGLang's decode calls (m <= 64): its mhc_pre split count (64 at m <= 64) and, up to m = 63, num_splits None
+    (its hc_pre in 0.5.13-0.5.22: 64 sub-slices and the reduce grid): the few-rows kernel at each rows-per-block
     R (small_rows' pick marked), the MMA kernel (its own sub-split pick), Triton, and torch fp32 (the issue's
     competitor), all in this run, each kernel checked against float64 first (sum over the splits)."""
     out = []
-    print(f"{'m':>4} {'S':>3} {'variant':>14} {'us':>7} {'%floor':>6} {'x torch32':>9}  check", flush=True)
+    print(f"{'m':>4} {'S':>4} {'variant':>14} {'us':>7} {'%floor':>6} {'x torch32':>9}  check", flush=True)
     for m in ms:
-        S = sglang_num_splits(m, n_sms)
-        sets, per = make_sets(m, S)
-        x, fn, o, q = sets[0]
-        ref = x.double() @ fn.double().T
-        scale = x.double().abs() @ fn.double().abs().T
-        rsq = x.double().square().sum(-1)
-        t_torch = time_graph([lambda s=s: (s[0].float() @ s[1].T, s[0].float().square().sum(-1)) for s in sets],
-                             reps)
-        variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
-        variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
-        pick = hp.small_rows(m, K, S, n_sms)
-        for label, impl, cfg in variants:
-            o.fill_(float("nan"))
-            q.fill_(float("nan"))
-            hp.hc_prenorm_gemm(x, fn, o, q, S, impl=impl, _config=cfg)
-            err = float(((o.sum(0).double() - ref).abs() / scale).max())
-            sq_err = float(((q.sum(0).double() - rsq).abs() / rsq).max())
-            ok = err <= 2.0 ** -13 and sq_err <= 2e-5
-            t = time_graph([lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2], s[3], S, impl=impl, _config=cfg)
-                            for s in sets], reps)
-            rec = dict(m=m, S=S, variant=label, us=t, floor_pct=100 * (per / bw * 1e6) / t, torch_fp32_us=t_torch,
-                       x_torch_fp32=t_torch / t, rel_err=err, sq_rel_err=sq_err, ok=ok,
-                       picked=cfg is not None and cfg.get("small_rows") == pick and pick > 0)
-            out.append(rec)
-            print(f"{m:4d} {S:3d} {label:>14} {t:7.2f} {rec['floor_pct']:6.1f} {rec['x_torch_fp32']:9.2f}  "
-                  f"{'ok' if ok else 'FAIL'} err/A {err:.1e} sq {sq_err:.1e}{'  <- small_rows' if rec['picked'] else ''}",
+        for S_arg in (sglang_num_splits(m, n_sms), None):
+            if S_arg is None and m > hp.SMALL_SUB_MAX_M:
+                continue
+            S = S_arg or 1
+            sets, per = make_sets(m, S)
+            if S_arg is None:   # 2-D out / sqrsum, as SGLang's hc_pre passes them
+                sets = [(x, fn, o[0], q[0]) for x, fn, o, q in sets]
+            x, fn, o, q = sets[0]
+            ref = x.double() @ fn.double().T
+            scale = x.double().abs() @ fn.double().abs().T
+            rsq = x.double().square().sum(-1)
+            t_torch = time_graph([lambda s=s: torch_fp32(s) for s in sets], reps)
+            variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
+            variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
+            pick = hp.small_rows(m, K, S, n_sms)
+            tag = "None" if S_arg is None else str(S)
+            for label, impl, cfg in variants:
+                o.fill_(float("nan"))
+                q.fill_(float("nan"))
+                hp.hc_prenorm_gemm(x, fn, o, q, S_arg, impl=impl, _config=cfg)
+                o3, q2 = o.reshape(S, m, -1), q.reshape(S, m)
+                err = float(((o3.sum(0).double() - ref).abs() / scale).max())
+                sq_err = float(((q2.sum(0).double() - rsq).abs() / rsq).max())
+                ok = err <= 2.0 ** -13 and sq_err <= 2e-5
+                t = time_graph([lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2], s[3], S_arg, impl=impl,
+                                                               _config=cfg) for s in sets], reps)
+                rec = dict(m=m, S=tag, variant=label, us=t, floor_pct=100 * (per / bw * 1e6) / t,
+                           torch_fp32_us=t_torch, x_torch_fp32=t_torch / t, rel_err=err, sq_rel_err=sq_err, ok=ok,
+                           picked=cfg is not None and cfg.get("small_rows") == pick and pick > 0)
+                out.append(rec)
+                print(f"{m:4d} {tag:>4} {label:>14} {t:7.2f} {rec['floor_pct']:6.1f} {rec['x_torch_fp32']:9.2f}  "
+                      f"{'ok' if ok else 'FAIL'} err/A {err:.1e} sq {sq_err:.1e}"
+                      f"{'  <- small_rows' if rec['picked'] else ''}", flush=True)
+            print(f"{m:4d} {tag:>4} {'torch fp32':>14} {t_torch:7.2f} {100 * (per / bw * 1e6) / t_torch:6.1f}",
                   flush=True)
-        print(f"{m:4d} {S:3d} {'torch fp32':>14} {t_torch:7.2f} {100 * (per / bw * 1e6) / t_torch:6.1f}", flush=True)
-        del sets, ref, scale
+            del sets, ref, scale
     return out
 
 

@@ -46,14 +46,15 @@ else
 fi
 # A/B of compiled libraries: AB_LIBS="build/ref.so build/new.so" (carried; the first is the baseline), AB_ROUNDS
 # (default 2) alternating processes, each a --cuda-sweep of AB_MS (every sub-split count P, num_splits None and
-# SGLang's split count, each call checked against float64 first); per (m, S, P) table in $OUT/ab.log
+# SGLang's split count, each call checked against float64 first), or with AB_SWEEP=small a --small-sweep of AB_MS
+# (the few-rows kernel at every rows-per-block R); per (m, S, P or variant) table in $OUT/ab.log
 if [ -n "${AB_LIBS:-}" ]; then
     for r in $(seq 1 ${AB_ROUNDS:-2}); do
         for lib in $AB_LIBS; do
             name=$(basename "$lib" .so)
             DSV4_KERNEL_LIB=$(pwd)/$lib timeout ${BENCH_TIMEOUT:-200} python scripts/bench_hc_prenorm.py \
                 --out "build/ab_${name}_$r" --ms "" --impls cuda --reps ${REPS:-30} \
-                --cuda-sweep ${AB_MS:-256,512,1024,2048} > "build/ab_${name}_$r.log" 2>&1
+                --${AB_SWEEP:-cuda}-sweep ${AB_MS:-256,512,1024,2048} > "build/ab_${name}_$r.log" 2>&1
             echo "ab $name round $r rc=$?"
         done
     done
@@ -62,11 +63,13 @@ import json, os, sys
 rounds, names = int(sys.argv[1]), [os.path.basename(v)[:-3] for v in sys.argv[2:]]
 def load(n, r):
     d = json.load(open(f"build/ab_{n}_{r}/bench_hc_prenorm.json"))
+    if "small_sweep" in d:
+        return {(x["m"], x["S"], x["variant"].replace(" ", "")): x for x in d["small_sweep"]}
     return {(x["m"], x["S"], x["P"]): x for x in d["cuda_sweep"]}
 data = {n: [load(n, r) for r in range(1, rounds + 1)] for n in names}
 base = names[0]
 print(json.load(open(f"build/ab_{base}_1/bench_hc_prenorm.json"))["meta"])
-print(f"{'m':>5} {'S':>3} {'P':>3} | " + " | ".join(f"{n + ' us (rounds) %fl err':>34}" for n in names)
+print(f"{'m':>5} {'S':>4} {'P':>10} | " + " | ".join(f"{n + ' us (rounds) %fl err':>34}" for n in names)
       + " | " + " ".join(f"{n + '/' + base:>10}" for n in names[1:]))
 for k in data[base][0]:
     if any(k not in d for n in names for d in data[n]):
@@ -79,7 +82,7 @@ for k in data[base][0]:
         pick = "*" if data[n][0][k]["picked"] else " "
         times = " ".join(f"{d[k]['us']:7.2f}" for d in data[n])
         cells.append(f"{times} {pct:3.0f} {err:.0e}{pick}")
-    print(f"{k[0]:>5} {k[1]:>3} {k[2]:>3} | " + " | ".join(f"{c:>34}" for c in cells)
+    print(f"{k[0]:>5} {k[1]:>4} {k[2]:>10} | " + " | ".join(f"{c:>34}" for c in cells)
           + " | " + " ".join(f"{mins[n] / mins[base]:>10.3f}" for n in names[1:]))
 PY
 fi
