@@ -126,12 +126,13 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
     }
     const long long r = (long long)p->small_rows;
     if (r != 0 && (r < 0 || (r & (r - 1)) != 0 || r > DSV4_HC_PRENORM_SMALL_MAX_ROWS || (p->m + r - 1) / r > 65535 ||
+                   p->K >= (1LL << 30) ||   // the kernel's K arithmetic is 32-bit
                    (p->sub_splits > 1 && (p->n != DSV4_HC_PRENORM_MAX_N || p->num_splits != 1 || (uintptr_t)p->ws % 16)))) {
       snprintf(g_last_error, sizeof(g_last_error),
                "hc_prenorm: bad small_rows=%lld (expected 0, or a power of two <= %d with ceil(m / small_rows) <= 65535 "
-               "(m=%lld), and n = %d, one split and a 16-byte aligned workspace when sub_splits > 1 (n=%lld, "
+               "(m=%lld) and K < 2^30 (K=%lld), and n = %d, one split and a 16-byte aligned workspace when sub_splits > 1 (n=%lld, "
                "splits=%lld, sub_splits=%lld))",
-               r, DSV4_HC_PRENORM_SMALL_MAX_ROWS, (long long)p->m, DSV4_HC_PRENORM_MAX_N, (long long)p->n,
+               r, DSV4_HC_PRENORM_SMALL_MAX_ROWS, (long long)p->m, (long long)p->K, DSV4_HC_PRENORM_MAX_N, (long long)p->n,
                (long long)p->num_splits, (long long)p->sub_splits);
       return true;
     }

@@ -97,8 +97,8 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
 
 def test_hc_prenorm_resources_sm120a(tmp_path):
     """The compiled hc_prenorm GEMM, both instances (the general kernel and kFast), and the five instances of the
-    few-rows FMA kernel (no shared memory, no spills): one 256-thread block per
-    SM (<= 255 registers), static shared memory only (the warp partials' hand-over, kSmemBytes from the
+    few-rows FMA kernel (no shared memory, no spills, two 256-thread blocks per SM: <= 128 registers, as the
+    launch rule in hc_prenorm.py assumes). The GEMM: one 256-thread block per SM (<= 255 registers), static shared memory only (the warp partials' hand-over, kSmemBytes from the
     named constants, + the last-block flag) within the SM120 limit, no spills (checked in _compile_sm120a).
     The reduce kernel of kFast's P > 1 partials: its warp sums' hand-over (kRedWarps x 32 float4) as static
     shared memory, registers for at least 2 blocks of 32 kRedWarps threads per SM."""
@@ -110,8 +110,13 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
     reduce = {k: v for k, v in seen.items() if "hc_prenorm_reduce_kernel" in k}
     small = {k: v for k, v in seen.items() if "hc_prenorm_small_kernel" in k}
     assert len(gemm) == 2 and len(reduce) == 1 and len(small) == 5 and len(seen) == 8, list(seen)
-    # the few-rows kernel (kernel_small.cuh), one instance per rows-per-block: no shared memory at all
-    assert all(static_smem == 0 and regs <= 255 for regs, static_smem in small.values()), small
+    # the few-rows kernel (kernel_small.cuh), one instance per rows-per-block: no shared memory at all, and the
+    # registers of kMinBlocksPerSm 256-thread blocks per SM (the launch rule, hc_prenorm.small_rows, counts on it)
+    per_sm = _named_constants("hc_prenorm/kernel_small.cuh")["kMinBlocksPerSm"]
+    mirror = re.search(r"^_SMALL_BLOCKS_PER_SM = (\d+)", open(os.path.join(ROOT, "deepseek_v4_kernel", "ops",
+                                                                          "hc_prenorm.py")).read(), re.M)
+    assert per_sm == 2 and mirror and int(mirror.group(1)) == per_sm, (per_sm, mirror)
+    assert all(static_smem == 0 and regs * 256 * per_sm <= 65536 for regs, static_smem in small.values()), small
     for name, (regs, static_smem) in gemm.items():
         assert want <= static_smem <= want + 16 and static_smem <= SMEM_LIMIT and regs <= 255, (name, regs, static_smem)
     (regs, static_smem), = reduce.values()

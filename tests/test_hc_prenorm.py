@@ -676,14 +676,17 @@ def test_cuda_sub_splits_fill_the_gpu_within_limits():
 
 def test_small_rows_rule():
     """R of the few-rows kernel: 0 where it does not apply; else the fewest rows per block whose grid fits one
-    block per SM, 16 at most."""
-    assert hp.small_rows(1, 16384, 64, 132) == 1 and hp.small_rows(2, 16384, 64, 132) == 1
-    assert hp.small_rows(8, 16384, 64, 132) == 4 and hp.small_rows(64, 16384, 64, 132) == 16
-    assert hp.small_rows(16, 16384, 64, 132) == 8 and hp.small_rows(32, 16384, 64, 132) == 16
-    assert hp.small_rows(3, 16384, 64, 188) == 2 and hp.small_rows(3, 16384, 64, 170) == 2
+    wave of two blocks per SM, 16 at most."""
+    assert hp._SMALL_BLOCKS_PER_SM == 2
+    assert hp.small_rows(1, 16384, 64, 132) == 1 and hp.small_rows(4, 16384, 64, 132) == 1
+    assert hp.small_rows(5, 16384, 64, 132) == 2 and hp.small_rows(8, 16384, 64, 132) == 2
+    assert hp.small_rows(16, 16384, 64, 132) == 4 and hp.small_rows(32, 16384, 64, 132) == 8
+    assert hp.small_rows(33, 16384, 64, 132) == 16 and hp.small_rows(64, 16384, 64, 132) == 16
+    assert hp.small_rows(5, 16384, 64, 188) == 1 and hp.small_rows(6, 16384, 64, 170) == 2
     assert hp.small_rows(65, 16384, 64, 132) == 0 and hp.small_rows(0, 16384, 64, 132) == 0
+    assert hp.small_sub_splits(1 << 30, 1 << 20, 24) == 1 and hp.small_rows(1, 1 << 30, 1 << 20, 132) == 0   # 32-bit K
     # wider splits: sub-slices of 256 (n = 24) summed by the reduce grid, or several load rounds (n < 24)
-    assert hp.small_rows(1, 16384, 1, 132) == 1 and hp.small_rows(8, 16384, 1, 132) == 4   # num_splits None: P 64
+    assert hp.small_rows(1, 16384, 1, 132) == 1 and hp.small_rows(8, 16384, 1, 132) == 2   # num_splits None: P 64
     assert hp.small_rows(63, 16384, 1, 132) == 16 and hp.small_rows(64, 16384, 1, 132) == 0
     assert hp.small_rows(1, 16384, 16, 132) == 1 and hp.small_rows(1, 16384, 8, 132) == 0
     assert hp.small_rows(1, 1024, 1, 132, n=5) == 1 and hp.small_rows(1, 2048, 1, 132, n=5) == 0
@@ -697,8 +700,8 @@ def test_small_rows_rule():
                     continue
                 assert r in hp._SMALL_ROWS, (sms, S, m)
                 groups = S * P
-                assert groups * -(-m // r) <= sms or r == hp._SMALL_ROWS[-1], (sms, S, m, r)
-                assert r == 1 or groups * -(-m // (r // 2)) > sms, (sms, S, m, r)
+                assert groups * -(-m // r) <= 2 * sms or r == hp._SMALL_ROWS[-1], (sms, S, m, r)
+                assert r == 1 or groups * -(-m // (r // 2)) > 2 * sms, (sms, S, m, r)
 
 
 def test_small_sub_splits():

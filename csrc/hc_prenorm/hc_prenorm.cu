@@ -30,10 +30,12 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
                          stream, p);
   };
   if (p.small_rows > 0) {
-    // the few-rows kernel (kernel_small.cuh), R = small_rows x rows per block: <rows, fn rows per lane, row
-    // groups, columns per lane and round>; one round covers a 256-wide split (SGLang's 64 splits of K = 16384)
-    // up to R = 8, two rounds at R = 16 (one would need ~200 registers: one block per SM). H100, run 16: the
-    // 16-row block as 8 x 3 / 4 x 6 / 2 x 3 per lane, or a 32-row block, was 10-90 % slower at m = 16-64.
+    // the few-rows kernel (kernel_small.cuh), R = small_rows x rows per block: <x rows per lane, fn rows per
+    // lane, row groups, columns per lane and round>, two blocks per SM (<= 128 registers). A 256-wide split
+    // (SGLang's 64 splits of K = 16384) is one round of loads up to R = 2, two rounds from R = 4 (one round
+    // there needs > 128 registers: one block per SM, slower from m = 24 on the H100, run 17). H100, run 16: the
+    // 16-row block as 8 x 3 / 4 x 6 / 2 x 3 per lane, or a 32-row block, was 10-90 % slower at m = 16-64;
+    // run 17: 8 x 3 x 2 row groups the same as 4 x 3 x 4.
     // P > 1 (one caller split, api.cu): the kernel sees the P sub-slices as P splits of the workspace
     HcPrenormParams q = p;
     if (p.sub_splits > 1) {
@@ -45,8 +47,8 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
     switch (p.small_rows) {
       case 1: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 1, 2>, grid, hcs::kThreads, 0, pdl, stream, q); break;
       case 2: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 2, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
-      case 4: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 4, 8>, grid, hcs::kThreads, 0, pdl, stream, q); break;
-      case 8: e = launch_kernel(hcs::hc_prenorm_small_kernel<2, 3, 4, 8>, grid, hcs::kThreads, 0, pdl, stream, q); break;
+      case 4: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 4, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
+      case 8: e = launch_kernel(hcs::hc_prenorm_small_kernel<2, 3, 4, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
       case 16: e = launch_kernel(hcs::hc_prenorm_small_kernel<4, 3, 4, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
       default: return cudaErrorInvalidValue;   // api.cu refuses it by name first
     }

@@ -41,11 +41,11 @@ straight from global memory as the B operand, 1.4-1.9x the mma.sync Triton kerne
 H100 (1.5x at m = 64 with DeepSeek-V4's shape, run 14). ``impl`` / env DSV4_HC_PRENORM_IMPL picks a
 kernel (pick_impl); cases it does not take go to the Triton kernel under "auto".
 
-Few-rows kernel (csrc/hc_prenorm/kernel_small.cuh, run 16): decode calls (m <= 64) on every GPU kind: fp32
-FMA, one block per (256-wide split or sub-slice, 1-16 rows) (``small_rows``, ``small_sub_splits``), every load
-issued at once; with SGLang's own 64 splits no workspace and no second grid. H100 with SGLang's splits: m = 1 / 8 / 16 /
-32 / 64 in 2.3 / 2.9 / 3.5 / 5.2 / 6.4 us (Triton 4.6 / 4.8 / 5.4 / 7.1 / 7.1; the Triton FMA variant above
-had one program per 16-row tile and split and lost to its MMA kernel).
+Few-rows kernel (csrc/hc_prenorm/kernel_small.cuh, runs 16-17): decode calls (m <= 64) on every GPU kind: fp32
+FMA, one block per (256-wide split or sub-slice, 1-16 rows) (``small_rows``, ``small_sub_splits``), two blocks
+per SM, the loads of a round issued at once; with SGLang's own 64 splits no workspace and no second grid. H100
+with SGLang's splits (run 17): m = 1 / 8 / 16 / 32 / 64 in 2.2 / 2.7 / 3.4 / 4.0 / 5.1 us (Triton 4.6 / 5.1 / 5.4 /
+7.1 / 8.4; the Triton FMA variant above had one program per 16-row tile and split and lost to its MMA kernel).
 """
 from __future__ import annotations
 
@@ -563,16 +563,18 @@ def cuda_unsupported(x, fn, S: int):
 
 
 # The few-rows kernel (csrc/hc_prenorm/kernel_small.cuh: fp32 FMA, one block per (split or sub-slice, R rows),
-# no shared memory, one round of loads per 256 K values at R <= 8): decode calls, m <= SMALL_MAX_M. SGLang's
-# own splits (64 at m <= 64) are 256 wide: one block each. One wide split (num_splits None: SGLang
-# 0.5.13-0.5.22's hc_pre at decode) is cut into P sub-slices of <= 256 whose partials a second small grid sums
-# (n = 24 only, the reduce grid's layout); other splits of up to SMALL_MAX_SPLIT_K take several load rounds.
+# no shared memory, one or two rounds of loads per 256 K values, two blocks per SM): decode calls,
+# m <= SMALL_MAX_M. SGLang's own splits (64 at m <= 64) are 256 wide: one block each. One wide split (num_splits
+# None: SGLang 0.5.13-0.5.22's hc_pre at decode) is cut into P sub-slices of <= 256 whose partials a second small
+# grid sums (n = 24 only, the reduce grid's layout); other splits of up to SMALL_MAX_SPLIT_K take more rounds.
 SMALL_MAX_M = 64
-SMALL_SUB_MAX_M = 63   # with sub-slices: at m = 64 the MMA kernel's 64-row tile is faster (H100 run 16, num_splits
-                       # None: 6.7 vs 7.9-8.3 us; at m = 32 the few-rows kernel 6.7-7.1, Triton 9.0-9.4)
+SMALL_SUB_MAX_M = 63   # with sub-slices: at m = 64 the MMA kernel's 64-row tile is faster (H100, num_splits None:
+                       # 6.7 vs 7.9-8.3 us in run 16; run 17: 6.8 at m = 64 against the few-rows kernel's 7.1 at 63)
 SMALL_MAX_SPLIT_K = 1024
 _SMALL_SUB_K = 256
 _SMALL_ROWS = (1, 2, 4, 8, 16)   # kernel_small.cuh instances (DSV4_HC_PRENORM_SMALL_MAX_ROWS = 16)
+_SMALL_BLOCKS_PER_SM = 2         # kernel_small.cuh kMinBlocksPerSm: every instance's launch bounds
+_SMALL_MAX_K = 1 << 30           # api.cu: the kernel's K arithmetic is 32-bit
 
 
 def small_sub_splits(K: int, S: int, n: int) -> int:
@@ -590,19 +592,19 @@ def small_sub_splits(K: int, S: int, n: int) -> int:
 def small_applies(m: int, K: int, S: int, n: int) -> bool:
     """Whether the few-rows kernel takes m rows of K, n fn rows and the caller's S splits (shape only)."""
     P = small_sub_splits(K, S, n)
-    return 1 <= m <= (SMALL_MAX_M if P == 1 else SMALL_SUB_MAX_M) and P > 0
+    return 1 <= m <= (SMALL_MAX_M if P == 1 else SMALL_SUB_MAX_M) and P > 0 and K < _SMALL_MAX_K
 
 
 def small_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N) -> int:
     """R, x rows per block of the few-rows kernel (0: it does not apply): the fewest rows per block whose grid
-    (S P x ceil(m / R)) still fits one block per SM, else 16. With the kernel's registers (one block per SM from
-    R = 4) a second wave was slower on the H100 (run 16: R = 8 at m = 32 5.9 us, R = 16 5.1; R = 4 at m = 16 4.6,
-    R = 8 3.5); a two-blocks-per-SM build did better there (4.2 us at m = 32), not taken further yet."""
+    (S P x ceil(m / R)) still fits one wave of two blocks per SM, else 16. More rows per block do more work per
+    load but leave SMs idle; a second wave costs about as much as the first (H100 run 17, SGLang's 64 splits:
+    m = 32 R = 8 4.0 us, R = 4 (two waves) 5.8, R = 16 4.2; m = 8 R = 2 2.8, R = 1 3.2, R = 4 3.1)."""
     if not small_applies(m, K, S, n):
         return 0
     blocks = S * small_sub_splits(K, S, n)
     for r in _SMALL_ROWS:
-        if blocks * triton.cdiv(m, r) <= num_sms:
+        if blocks * triton.cdiv(m, r) <= _SMALL_BLOCKS_PER_SM * num_sms:
             return r
     return _SMALL_ROWS[-1]
 
