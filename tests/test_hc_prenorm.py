@@ -482,6 +482,7 @@ def test_gpu_legacy_config(m):
     (512, {**_MMA, "block_m": 64, "p": 32, "r": 16, "num_stages": 4, "presplit": True}),
     (512, "cuda"),                                                      # compiled kernel, P > 1
     (8192, "cuda"),                                                     # compiled kernel, P = 1
+    (1, "cuda"), (33, "cuda"),                                          # few-rows kernel, 64 sub-slices
 ])
 def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
     K = 16384
@@ -517,6 +518,33 @@ def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
     g.replay()
     torch.cuda.synchronize()
     _check(x, fn, out, sq, None)
+
+
+@pytest.mark.gpu
+def test_gpu_small_kernel_first_call_inside_capture(monkeypatch):
+    """num_splits None at decode on a stream whose first call is captured (no workspace for that stream yet: one
+    from the graph's pool): the few-rows kernel's 64 sub-slices and the reduce grid, replayed, give the eager
+    call's numbers bit for bit."""
+    monkeypatch.setattr(hp, "_WORKSPACES", {})   # torch's streams come from a pool: make this one's workspace new
+    m, K = 9, 16384
+    x, fn = _inputs(m, K, device="cuda", seed=21)
+    out, sq = _poisoned(m, 24, 1, "cuda", flat=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        assert not hp._WORKSPACES.get(hp._stream_key(x.device) + (torch.float32,)), "a fresh stream"
+        with torch.cuda.graph(g, stream=s):
+            hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda")
+    torch.cuda.current_stream().wait_stream(s)
+    assert hp.last_launch == ("cuda", 64, hp.small_rows(m, K, 1, hp.sm_count(x.device)))
+    g.replay()
+    torch.cuda.synchronize()
+    _check(x, fn, out, sq, None)
+    out2, sq2 = _poisoned(m, 24, 1, "cuda", flat=True)
+    hp.hc_prenorm_gemm(x, fn, out2, sq2, None, impl="cuda")   # eager, on the default stream
+    torch.cuda.synchronize()
+    assert torch.equal(out2, out) and torch.equal(sq2, sq)
 
 
 @pytest.mark.gpu
