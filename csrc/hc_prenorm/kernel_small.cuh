@@ -147,6 +147,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
   constexpr int kV0 = kRT * kJ + kRT;
   constexpr int kV = kV0 <= 1 ? 1 : 1 << (32 - __builtin_clz(kV0 - 1));   // padded to a power of two
   constexpr int kVL = kV >= kTK ? kV / kTK : 1;                            // values per lane at the end
+  constexpr int kCopies = kV < kTK ? kTK / kV : 1;                         // lanes holding each value
   float v[kV];
 #pragma unroll
   for (int i = 0; i < kV; ++i) v[i] = 0.f;
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
   }
   int idx0 = 0;   // v[i] is the slot's value idx0 + i
   halve_steps<kTK, kV, kVL, kTK / 2>(v, kt, idx0);
-  if (kV < kTK && kt % (kTK / kV) != 0) return;   // a copy: another lane stores it
+  if (kCopies > 1 && kt % kCopies != 0) return;   // a copy: another lane stores it
 #pragma unroll
   for (int i = 0; i < kVL; ++i) {
     const int idx = idx0 + i;
