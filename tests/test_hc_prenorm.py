@@ -712,7 +712,8 @@ def test_small_rows_rule():
     assert hp.small_rows(33, 16384, 64, 132) == 16 and hp.small_rows(64, 16384, 64, 132) == 16
     assert hp.small_rows(5, 16384, 64, 188) == 1 and hp.small_rows(6, 16384, 64, 170) == 2
     assert hp.small_rows(65, 16384, 64, 132) == 0 and hp.small_rows(0, 16384, 64, 132) == 0
-    assert hp.small_sub_splits(1 << 30, 1 << 20, 24) == 1 and hp.small_rows(1, 1 << 30, 1 << 20, 132) == 0   # 32-bit K
+    # K >= 2^30 (the kernel's 32-bit K arithmetic): not taken, even with splits it could otherwise take
+    assert hp.small_sub_splits(1 << 30, 1 << 20, 24) == 1 and hp.small_rows(1, 1 << 30, 1 << 20, 132) == 0
     # wider splits: sub-slices of 256 (n = 24) summed by the reduce grid, or several load rounds (n < 24)
     assert hp.small_rows(1, 16384, 1, 132) == 1 and hp.small_rows(8, 16384, 1, 132) == 2   # num_splits None: P 64
     assert hp.small_rows(63, 16384, 1, 132) == 16 and hp.small_rows(64, 16384, 1, 132) == 0

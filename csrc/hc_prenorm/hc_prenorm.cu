@@ -33,9 +33,9 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
     // the few-rows kernel (kernel_small.cuh), R = small_rows x rows per block: <x rows per lane, fn rows per
     // lane, row groups, columns per lane and round>, two blocks per SM (<= 128 registers). A 256-wide split
     // (SGLang's 64 splits of K = 16384) is one round of loads up to R = 2, two rounds from R = 4 (one round
-    // there needs > 128 registers: one block per SM, slower from m = 24 on the H100, run 17). H100, run 16: the
-    // 16-row block as 8 x 3 / 4 x 6 / 2 x 3 per lane, or a 32-row block, was 10-90 % slower at m = 16-64;
-    // run 17: 8 x 3 x 2 row groups the same as 4 x 3 x 4.
+    // there needs > 128 registers, one block per SM: H100 run 17, 3 % faster at m = 16, 11-44 % slower at
+    // m = 32-64). H100, run 16: the 16-row block as 8 x 3 / 4 x 6 / 2 x 3 per lane, or a 32-row block, was
+    // 10-90 % slower at m = 16-64; run 17: 8 x 3 x 2 row groups the same as 4 x 3 x 4 or up to 4 % slower.
     // P > 1 (one caller split, api.cu): the kernel sees the P sub-slices as P splits of the workspace
     HcPrenormParams q = p;
     if (p.sub_splits > 1) {

@@ -62,7 +62,7 @@ __device__ __forceinline__ void halve_steps(float* v, int kt, int& idx0) {
 // round of loads. Slots (a row group x an fn-row group, kTK lanes each) are numbered row-group major: the
 // slots of a warp share their x rows and read different fn rows (H100, run 16: 5-13 % faster than the
 // other order, whose warps share fn rows; run 17: also with the square-sums spread over the fn-row groups of
-// that order, 3-18 % slower); every lane computes the square-sums (4 FMA per x row and column next to kJ x 4),
+// that order, 2-19 % slower); every lane computes the square-sums (4 FMA per x row and column next to kJ x 4),
 // the fn-row group 0 lanes store them.
 template <int kRT, int kJ, int kTR, int kU>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_kernel(const HcPrenormParams p) {
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
   // block s: split s of out / sqrsum (with num_splits None the launcher passes P sub-slices as P splits of the
   // workspace, and a reduce grid sums them). Its K: DeepGEMM's partition of the 64-wide K blocks (the first
   // nb % S splits get one more), float4 columns [c0, c1). In 32 bits (api.cu: K < 2^30, S <= 65535): fewer
-  // instructions before the loads (H100 run 17: 2-8 % faster than the 64-bit form at every R)
+  // instructions before the loads (H100 run 17: up to 8 % faster than the 64-bit form, most at R = 16)
   const int nb = (int)((p.K + kKBlock - 1) / kKBlock), S32 = (int)p.num_splits, s = blockIdx.x;
   const int b0 = s * (nb / S32) + min(s, nb % S32), bc = nb / S32 + (s < nb % S32 ? 1 : 0);
   const int c0 = b0 * (kKBlock / 4), c1 = min((b0 + bc) * kKBlock, (int)p.K) / 4;
