@@ -7,7 +7,8 @@
 #   parts: sparse_decode hc_prenorm hc_prenorm_mma indexer_logits indexer_logits_mma fp4_moe fp4_moe_mma (default all)
 #   FUZZ_CASES (default 60) calls per test, FUZZ_SEED (default 1000) the first seed, FUZZ_TIMEOUT (s, default 240) per
 #   part (H100, cold Triton cache: 60 MoE calls ~125 s, 60 hc_prenorm ~50 s, 800 sparse-decode calls ~110 s; all
-#   parts at the defaults ~7-8 min, within one 10-minute device call)
+#   parts at the defaults ~7-8 min, within one 10-minute device call; but hc_prenorm's seeds 7000-7038 took 150 s
+#   per part on 2026-11-25, ~3.8 s a call: the Triton configs a seed draws decide it, so 60 may need ~240 s)
 set -u
 export PYTHONUNBUFFERED=1 DSV4_KERNEL_FORCE=1
 OUT=${OUT:-$(pwd)/build/device_out}
