@@ -168,6 +168,21 @@ def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
     return res
 
 
+def _reference(x, fn):
+    """The sweeps' float64 check data for one input set: x @ fn^T, its scale A = |x| @ |fn|^T, the square-sums."""
+    xd, fd = x.double(), fn.double()
+    return xd @ fd.T, xd.abs() @ fd.abs().T, xd.square().sum(-1)
+
+
+def _errors(o, q, S, m, ref):
+    """max |out - x fn^T| / A and the square-sums' max relative error, out [S, m, n] / sqrsum [S, m] (or their
+    2-D / 1-D form at S = 1) summed over the splits."""
+    ro, scale, rsq = ref
+    err = float(((o.reshape(S, m, -1).sum(0).double() - ro).abs() / scale).max())
+    sq_err = float(((q.reshape(S, m).sum(0).double() - rsq).abs() / rsq).max())
+    return err, sq_err
+
+
 def cuda_sweep(ms, bw, n_sms, reps):
     """The compiled kernel at every sub-split count P (1, 2, 4, ... <= its limits) for num_splits None
     and SGLang's mhc_pre split count, each call checked against float64 first (cuda_sub_splits' data)."""
@@ -180,14 +195,12 @@ def cuda_sweep(ms, bw, n_sms, reps):
             x, fn, o, q = sets[0]
             o2 = o[0] if S_arg is None else o
             q2 = q[0] if S_arg is None else q
-            ref = x.double() @ fn.double().T          # one float64 reference per (m, S), for every P
-            scale = x.double().abs() @ fn.double().abs().T
+            ref = _reference(x, fn)                    # one float64 reference per (m, S), for every P
             for P in [p for p in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if p <= min(nb_min, hp._CUDA_MAX_SUB)]:
                 o2.fill_(float("nan"))
                 q2.fill_(float("nan"))
                 hp.hc_prenorm_gemm(x, fn, o2, q2, S_arg, impl="cuda", _config={"p": P})
-                ro = o.sum(0).double() if S_arg is not None else o2.double()
-                err = float(((ro - ref).abs() / scale).max())
+                err = _errors(o2, q2, S, m, ref)[0]
                 calls = [lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2][0] if S_arg is None else s[2],
                                                         s[3][0] if S_arg is None else s[3], S_arg,
                                                         impl="cuda", _config={"p": P}) for s in sets]
@@ -197,7 +210,7 @@ def cuda_sweep(ms, bw, n_sms, reps):
                 out.append(rec)
                 print(f"  cuda m={m:5d} S={S:3d} P={P:3d}: {t:8.2f} us {rec['floor_pct']:5.1f} % floor, "
                       f"max err / A {err:.2e}{'  <- cuda_sub_splits' if rec['picked'] else ''}", flush=True)
-            del sets, ref, scale
+            del sets, ref
     return out
 
 
@@ -217,9 +230,7 @@ def small_sweep(ms, bw, n_sms, reps):
             if S_arg is None:   # 2-D out / sqrsum, as SGLang's hc_pre passes them
                 sets = [(x, fn, o[0], q[0]) for x, fn, o, q in sets]
             x, fn, o, q = sets[0]
-            ref = x.double() @ fn.double().T
-            scale = x.double().abs() @ fn.double().abs().T
-            rsq = x.double().square().sum(-1)
+            ref = _reference(x, fn)
             t_torch = time_graph([lambda s=s: torch_fp32(s) for s in sets], reps)
             variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
             variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
@@ -229,9 +240,7 @@ def small_sweep(ms, bw, n_sms, reps):
                 o.fill_(float("nan"))
                 q.fill_(float("nan"))
                 hp.hc_prenorm_gemm(x, fn, o, q, S_arg, impl=impl, _config=cfg)
-                o3, q2 = o.reshape(S, m, -1), q.reshape(S, m)
-                err = float(((o3.sum(0).double() - ref).abs() / scale).max())
-                sq_err = float(((q2.sum(0).double() - rsq).abs() / rsq).max())
+                err, sq_err = _errors(o, q, S, m, ref)
                 ok = err <= 2.0 ** -13 and sq_err <= 2e-5
                 t = time_graph([lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2], s[3], S_arg, impl=impl,
                                                                _config=cfg) for s in sets], reps)
@@ -244,7 +253,7 @@ def small_sweep(ms, bw, n_sms, reps):
                       f"{'  <- small_rows' if rec['picked'] else ''}", flush=True)
             print(f"{m:4d} {tag:>4} {'torch fp32':>14} {t_torch:7.2f} {100 * (per / bw * 1e6) / t_torch:6.1f}",
                   flush=True)
-            del sets, ref, scale
+            del sets, ref
     return out
 
 
