@@ -35,15 +35,17 @@ def named(desc: str):
         raise AssertionError(f"{desc}\n{e}") from None
 
 
-def replay_on_poisoned(call, poison):
-    """Warm ``call()`` up once on a side stream (as SGLang's graph runner does, so per-stream buffers exist),
-    capture one call in a CUDA graph there, fill the tensors ``poison(result)`` returns with NaN (integers
-    with -1), replay, synchronize and return the captured call's result."""
+def replay_on_poisoned(call, poison, warm_up=True):
+    """Warm ``call()`` up once on a side stream (as SGLang's graph runner does, so per-stream buffers exist;
+    ``warm_up=False``: the captured call is the stream's first), capture one call in a CUDA graph there, fill
+    the tensors ``poison(result)`` returns with NaN (integers with -1), replay, synchronize and return the
+    captured call's result."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
+    if warm_up:
+        with torch.cuda.stream(s):
+            call()
+        torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
         res = call()
