@@ -114,6 +114,18 @@ def test_sparse_decode_every_impl_on_the_second_gpu():
         torch.cuda.synchronize(1)
         assert out.device == torch.device(OTHER) and lse.device == torch.device(OTHER)
         _check(a, out, lse)
+    # the decode step's shape (main 128 + extra 512 at b = 1): the launch rule's many splits and the small-grid
+    # combine (17-24 splits in one round trip, two blocks per head row), sized from cuda:1's SM count
+    a = _to_cuda(_case(b=1, s_q=1, h_q=64, topk=128, extra_topk=512, sink=True, seed=22), OTHER)
+    out, lse = sd.sparse_decode(**a)
+    torch.cuda.synchronize(1)
+    _check(a, out, lse)
+
+
+def _needs_hc_prenorm_extension():
+    from deepseek_v4_kernel._ext import has_hc_prenorm
+    if not has_hc_prenorm():
+        pytest.skip("the CUDA extension with the hc_prenorm kernel is not built: scripts/build_ext.sh")
 
 
 @pytest.mark.parametrize("impl,P", [("triton", None), ("cuda", 4), ("cuda", 1)])
@@ -125,9 +137,7 @@ def test_hc_prenorm_both_kernels_on_the_second_gpu(impl, P, num_splits):
     from deepseek_v4_kernel.ops import hc_prenorm as hp
 
     if impl == "cuda":
-        from deepseek_v4_kernel._ext import has_hc_prenorm
-        if not has_hc_prenorm():
-            pytest.skip("the CUDA extension with the hc_prenorm kernel is not built: scripts/build_ext.sh")
+        _needs_hc_prenorm_extension()
     m, K = 100, 4096
     x, fn = _inputs(m, K, device=OTHER, seed=5)
     out, sq = _poisoned(m, 24, num_splits or 1, OTHER, flat=num_splits is None)
@@ -135,6 +145,31 @@ def test_hc_prenorm_both_kernels_on_the_second_gpu(impl, P, num_splits):
     torch.cuda.synchronize(1)
     assert hp.last_launch[0] == impl
     _check(x, fn, out, sq, num_splits)
+
+
+@pytest.mark.parametrize("m,num_splits", [(1, None), (33, None), (5, 64), (64, 64)])
+@two_gpus
+def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
+    """The decode kernel (kernel_small.cuh) at DeepSeek-V4's K on cuda:1 while cuda:0 is current: SGLang's 64
+    splits, and num_splits None (sub-slice partials in the per-stream workspace, summed by the reduce grid);
+    eager against float64, then a CUDA graph captured on cuda:1 replays the eager result onto poisoned outputs."""
+    from fuzz import replay_on_poisoned
+    from test_hc_prenorm import _check, _inputs, _poisoned
+
+    from deepseek_v4_kernel.ops import hc_prenorm as hp
+
+    _needs_hc_prenorm_extension()
+    x, fn = _inputs(m, 16384, device=OTHER, seed=40 + m)
+    out, sq = _poisoned(m, 24, num_splits or 1, OTHER, flat=num_splits is None)
+    hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda")
+    torch.cuda.synchronize(1)
+    assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0, hp.last_launch   # R > 0: the few-rows kernel
+    assert out.device == torch.device(OTHER) and sq.device == torch.device(OTHER)
+    _check(x, fn, out, sq, num_splits)
+    e_out, e_sq = out.clone(), sq.clone()
+    with torch.cuda.device(1):
+        replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda"), lambda _: (out, sq))
+    assert torch.equal(out, e_out) and torch.equal(sq, e_sq)
 
 
 @pytest.mark.parametrize("impl", ["dequant", "cuda_decode"])
@@ -176,8 +211,9 @@ def test_indexer_logits_paged_and_flat_on_the_second_gpu():
 @pytest.mark.uses_first_gpu
 @two_gpus
 def test_alternating_gpus_keep_their_own_state():
-    """hc_prenorm's sub-split counters and workspaces, sparse decode's split workspace and per-device kernel
-    set-up: calls alternating between the GPUs, with different shapes, all match the reference."""
+    """hc_prenorm's sub-split counters and workspaces (Triton's and the few-rows kernel's), sparse decode's split
+    workspace and per-device kernel set-up: calls alternating between the GPUs, with different shapes, all match
+    the reference."""
     from test_hc_prenorm import _check, _inputs, _poisoned
     from test_sparse_decode import _case
     from test_sparse_decode import _check as check_sd
@@ -195,6 +231,13 @@ def test_alternating_gpus_keep_their_own_state():
             out, sq = _poisoned(m, 24, 1, d, flat=True)
             hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="triton", _config={"p": 4, "r": 1})
             torch.cuda.synchronize(d)
+            _check(x, fn, out, sq, None)
+            m = 3 + 2 * i + rnd   # the few-rows kernel's sub-slices: the per-stream workspace and the reduce grid
+            x, fn = _inputs(m, 16384, device=d, seed=50 + rnd * 2 + i)
+            out, sq = _poisoned(m, 24, 1, d, flat=True)
+            hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda")
+            torch.cuda.synchronize(d)
+            assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0, hp.last_launch
             _check(x, fn, out, sq, None)
             o, l = sd.sparse_decode(**cases[d])
             torch.cuda.synchronize(d)
