@@ -279,7 +279,7 @@ def test_gpu_cuda_kernel(m, K, n, num_splits, p):
 @pytest.mark.parametrize("m, K, n, num_splits, rows", [
     (1, 16384, 24, 64, None), (2, 16384, 24, 64, None), (8, 16384, 24, 64, None), (33, 16384, 24, 64, None),
     (64, 16384, 24, 64, None), (1, 16384, 24, 16, None), (64, 16384, 24, 16, None), (5, 16400, 24, 64, None),
-    # num_splits None / few splits (SGLang 0.5.13-0.5.22's hc_pre): sub-slices of 256, the reduce grid sums them
+    # num_splits None / few splits (SGLang's hc_pre DeepGEMM branch): sub-slices of 256, the reduce grid sums them
     (1, 16384, 24, None, None), (8, 16384, 24, None, None), (63, 16384, 24, None, None), (5, 16416, 24, None, None),
     (3, 4096, 24, 4, None), (7, 16384, 17, 16, None), (30, 4000, 24, 1, None), (64, 16384, 24, None, 1),
     (13, 16384, 24, 64, 1), (13, 16384, 24, 64, 2), (13, 16384, 24, 64, 4), (13, 16384, 24, 64, 8),

@@ -192,6 +192,64 @@ def test_env_gate_respects_user_setting(monkeypatch):
     assert os.environ["DSV4_TOY_GATE"] == "0" and p.records[e].status == hook.LEFT
 
 
+def test_env_gate_condition_sees_the_sglang_version(monkeypatch):
+    """An env row's condition is evaluated at install with the SGLang version (no module exists yet): not needed
+    -> the variable stays unset and the row says why; needed -> set."""
+    import os
+
+    seen = []
+    monkeypatch.setitem(targets.CONDITIONS, "toy_env", lambda v: (seen.append(v) or v != "0.5.20", "version says no"))
+    e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1", first="0.5.12", when="toy_env")
+    for version, want in (("0.5.20", None), ("0.5.23", "1")):
+        monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
+        p = _patcher([e], version)
+        try:
+            assert os.environ.get("DSV4_TOY_GATE") == want
+            assert p.records[e].status == (hook.LEFT if want is None else hook.PATCHED)
+            assert want or p.records[e].reason == "version says no"
+        finally:
+            p.uninstall()
+    assert seen == ["0.5.20", "0.5.23"]
+    monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
+
+
+def test_env_gate_condition_that_raises_costs_only_its_row(toypkg, monkeypatch):
+    import importlib
+    import os
+
+    def broken(version):
+        raise OSError("disk gone")
+
+    monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
+    monkeypatch.setitem(targets.CONDITIONS, "toy_broken", broken)
+    e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1", when="toy_broken")
+    t = _target(toypkg)
+    p = _patcher([e, t])
+    try:
+        assert p.records[e].status == hook.ERROR and "disk gone" in p.records[e].reason
+        assert "DSV4_TOY_GATE" not in os.environ
+        importlib.import_module(f"{toypkg}.lib")
+        assert p.records[t].status == hook.PATCHED
+    finally:
+        p.uninstall()
+
+
+def test_hc_prenorm_gate_condition_by_version_and_deep_gemm(monkeypatch):
+    """SGLang 0.5.20 imports deep_gemm unguarded behind the flag: set it only where a deep_gemm is importable;
+    0.5.21+ ask the replaced mhc._use_deep_gemm_hc_prenorm first, so the flag is safe there without one."""
+    import importlib.util
+
+    cond = targets.CONDITIONS["hc_prenorm_gate_cannot_reach_a_missing_deep_gemm"]
+    real = importlib.util.find_spec
+    for have in (False, True):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: (object() if have else None) if name == "deep_gemm" else real(name, *a))
+        needed, why = cond("0.5.20")
+        assert needed == have and "deep_gemm" in why
+        for v in ("0.5.21", "0.5.22", "0.5.23"):
+            assert cond(v)[0], v
+
+
 def test_extension_unavailable_hands_back(toypkg, monkeypatch, caplog):
     """A GPU the compiled library has no kernel for (ops/_device.extension_error) or a library that does
     not load: the call goes back to SGLang's function, logged once; strict mode raises."""

@@ -7,6 +7,7 @@
 """
 
 import ast
+import importlib.util
 import os
 
 import pytest
@@ -187,14 +188,14 @@ def test_readme_table_matches_target_table():
     assert targets.markdown_table() in readme, "README's target table is stale: paste targets.markdown_table()"
 
 
-def _patch_real_module(version, module, env=FORCE):
+def _patch_real_module(version, module, env=FORCE, extra_path=()):
     """Import ``module`` from the real SGLang sources (other sglang modules stood in) and report."""
     from sglang_env import real_module_prelude
 
     code = real_module_prelude(module) + f"\nimport os, {module}\n" + \
         "print('ENV=' + repr({k: os.environ.get(k) for k in ('SGLANG_FP8_PAGED_MQA_LOGITS_TORCH', " \
         "'SGLANG_OPT_DEEPGEMM_HC_PRENORM')}))\n" + REPORT_JSON
-    r = run_child(code, path=[sglang_dir(version)], env=env)
+    r = run_child(code, path=[sglang_dir(version), *extra_path], env=env)
     assert r.returncode == 0, r.stderr
     env_line = next(l for l in r.stdout.splitlines() if l.startswith("ENV="))
     return {x["target"]: x for x in parse_report(r.stdout)}, eval(env_line[4:])
@@ -234,16 +235,35 @@ def test_indexer_dispatch_passes_eight_positional_arguments(version):
         assert name in sig, (version, name)
 
 
-@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+HC_GATE = "SGLANG_OPT_DEEPGEMM_HC_PRENORM"
+HC_HELPER = "sglang.kernels.ops.layernorm.mhc._use_deep_gemm_hc_prenorm"
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.20", "0.5.23"])
 def test_hc_prenorm_rows_patch_real_modules(version):
     rows, env = _patch_real_module(version, "sglang.srt.layers.deep_gemm_wrapper.entrypoint")
     assert rows["sglang.srt.layers.deep_gemm_wrapper.entrypoint.tf32_hc_prenorm_gemm"]["status"] == "patched"
     if version == "0.5.23":
-        assert env["SGLANG_OPT_DEEPGEMM_HC_PRENORM"] == "1"
+        assert env[HC_GATE] == "1"
         rows, _ = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc")
-        assert rows["sglang.kernels.ops.layernorm.mhc._use_deep_gemm_hc_prenorm"]["status"] == "patched"
+        assert rows[HC_HELPER]["status"] == "patched"
+    elif version == "0.5.20":   # reads the flag itself (no helper); the gate's condition decides
+        has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None
+        assert env[HC_GATE] == ("1" if has_deep_gemm else None), env
+        assert rows[HC_GATE]["status"] == ("patched" if has_deep_gemm else "left"), rows[HC_GATE]
+        rows, _ = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc")
+        assert rows[HC_HELPER]["status"] == "inactive"
     else:  # 0.5.17 forces the flag off itself: we leave that version's hc path alone
-        assert env["SGLANG_OPT_DEEPGEMM_HC_PRENORM"] is None
+        assert env[HC_GATE] is None
+
+
+def test_hc_prenorm_gate_on_sglang_0_5_20_with_a_deep_gemm(tmp_path):
+    """0.5.20's fused post/pre step imports deep_gemm behind the flag: with one importable (a stand-in with the
+    prenorm attribute here) the flag is set, and whichever deep_gemm it is gets our prenorm GEMM."""
+    (tmp_path / "deep_gemm.py").write_text("def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):\n"
+                                           "    raise RuntimeError('Unsupported architecture')\n")
+    rows, env = _patch_real_module("0.5.20", "sglang.kernels.ops.layernorm.mhc", extra_path=[str(tmp_path)])
+    assert env[HC_GATE] == "1" and rows[HC_GATE]["status"] == "patched", rows[HC_GATE]
 
 
 def test_hc_prenorm_user_setting_wins():

@@ -565,8 +565,9 @@ def cuda_unsupported(x, fn, S: int):
 # The few-rows kernel (csrc/hc_prenorm/kernel_small.cuh: fp32 FMA, one block per (split or sub-slice, R rows),
 # no shared memory, one or two rounds of loads per 256 K values, two blocks per SM): decode calls,
 # m <= SMALL_MAX_M. SGLang's own splits (64 at m <= 64) are 256 wide: one block each. One wide split (num_splits
-# None: SGLang 0.5.13-0.5.22's hc_pre at decode) is cut into P sub-slices of <= 256 whose partials a second small
-# grid sums (n = 24 only, the reduce grid's layout); other splits of up to SMALL_MAX_SPLIT_K take more rounds.
+# None: SGLang's hc_pre DeepGEMM branch, docs/hc_prenorm.md section 5) is cut into P sub-slices of <= 256 whose
+# partials a second small grid sums (n = 24 only, the reduce grid's layout); other splits of up to
+# SMALL_MAX_SPLIT_K take more rounds.
 SMALL_MAX_M = 64
 SMALL_SUB_MAX_M = 63   # with sub-slices: at m = 64 the MMA kernel's 64-row tile is faster (H100, num_splits None:
                        # 6.7 vs 7.9-8.3 us in run 16; run 17: 6.8 at m = 64 against the few-rows kernel's 7.1 at 63)
@@ -797,14 +798,14 @@ def compiled_smem(m: int = 1, K: int = 16384, num_splits=None, device="cuda", _c
 
 
 def use_deep_gemm_hc_prenorm() -> bool:
-    """Replacement for SGLang 0.5.23's ``sglang.kernels.ops.layernorm.mhc._use_deep_gemm_hc_prenorm``.
+    """Replacement for SGLang 0.5.21-0.5.23's ``sglang.kernels.ops.layernorm.mhc._use_deep_gemm_hc_prenorm``.
 
     SGLang's version also requires ``ENABLE_JIT_DEEPGEMM``, which is False on SM120, so the
     DeepGEMM pre-norm GEMM (ours, once patched) is never chosen there. This keeps SGLang's own
-    flag and ROCm check, and asks only that ``deep_gemm`` be importable: one caller
-    (the fused post/pre step, mhc.py:1746) does ``import deep_gemm`` itself, and the patch layer
-    replaces ``deep_gemm.tf32_hc_prenorm_gemm`` when it is imported. Without ``deep_gemm`` the
-    answer is False and SGLang keeps its torch path: slower, never a crash.
+    flag and ROCm check, and asks only that ``deep_gemm`` be importable: one caller (the fused
+    post/pre step, 0.5.23 mhc.py:1746, 0.5.21 / 0.5.22 mhc.py:1769) does ``import deep_gemm``
+    itself, and the patch layer replaces ``deep_gemm.tf32_hc_prenorm_gemm`` when it is imported.
+    Without ``deep_gemm`` the answer is False and SGLang keeps its own path: slower, never a crash.
     """
     import importlib.util
 

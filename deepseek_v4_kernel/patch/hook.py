@@ -150,7 +150,11 @@ class Patcher:
                 self.records[t].status, self.records[t].reason = INACTIVE, why
                 continue
             if t.kind == "env":
-                self._apply_env(t)
+                try:
+                    self._apply_env(t)
+                except Exception as e:  # a failing condition costs this row only, never start-up
+                    self.records[t].status, self.records[t].reason = ERROR, f"{type(e).__name__}: {e}"
+                    log.warning("deepseek_v4_kernel: setting %s failed: %r", t.attr, e)
                 continue
             watched.add(t.module)
             watched.update(t.importers)
@@ -189,6 +193,11 @@ class Patcher:
         if current is not None and current != str(t.value):
             rec.status, rec.reason = LEFT, f"user set {t.attr}={current}"
             return
+        if t.when is not None:
+            needed, why = CONDITIONS[t.when](self.version)
+            if not needed:
+                rec.status, rec.reason = LEFT, why
+                return
         os.environ[t.attr] = str(t.value)
         rec.status, rec.reason = PATCHED, f"{t.attr}={t.value}"
         log.info("deepseek_v4_kernel: set %s=%s (%s)", t.attr, t.value, t.op)

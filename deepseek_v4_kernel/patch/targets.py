@@ -20,8 +20,9 @@ from . import policy
 # SGLang releases surveyed (docs/sglang_surface.md). 0.5.12 is the first with DeepSeek-V4.
 SURVEYED = ("0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
             "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
-# Versions whose wheels the test-suite installs and patches for real: oldest, middle, newest.
-TESTED = ("0.5.12", "0.5.17", "0.5.23")
+# Versions whose wheels the test-suite installs and patches for real: oldest, middle, newest, and 0.5.20 (the one
+# release whose hc_prenorm gate is set by an environment row under a condition).
+TESTED = ("0.5.12", "0.5.17", "0.5.20", "0.5.23")
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class Target:
 
 # ----------------------------------------------------------------------------- conditions
 # Each takes the imported module and returns (needed, why). Evaluated when the module is
-# imported, so it sees the module's real state.
+# imported, so it sees the module's real state. A condition of an "env" row is evaluated when
+# the patch layer installs (before SGLang is imported) and takes the SGLang version instead.
 
 def _flashinfer_has_sm120_sparse_mla() -> bool:
     """FlashInfer's native SM120 sparse-MLA module exists (checked on disk: importing
@@ -84,8 +86,22 @@ def sm120_sparse_decode_not_native(module) -> Tuple[bool, str]:
     return True, f"unknown SGLang SM120 backend {backend!r}"
 
 
+def hc_prenorm_gate_cannot_reach_a_missing_deep_gemm(version) -> Tuple[bool, str]:
+    """SGLang >= 0.5.21, or a deep_gemm module is importable (0.5.20 imports it unguarded behind the flag)."""
+    # 0.5.21+ ask mhc._use_deep_gemm_hc_prenorm (replaced: it checks that deep_gemm is importable) before the
+    # fused post/pre step's `import deep_gemm`; 0.5.20 reads the flag there directly (mhc.py:1646-1647), and
+    # its mhc_pre (mhc.py:1034) and hc_pre (deepseek_v4.py:2272-2287) go through the entrypoint (ours).
+    if version and policy.parse_version(version) >= policy.parse_version("0.5.21"):
+        return True, f"SGLang {version} asks mhc._use_deep_gemm_hc_prenorm (replaced) before importing deep_gemm"
+    if importlib.util.find_spec("deep_gemm") is not None:
+        return True, "deep_gemm is importable (its prenorm GEMM is replaced when it is imported)"
+    return False, (f"SGLang {version}'s fused post/pre step would `import deep_gemm` behind this flag and no "
+                   f"deep_gemm is installed: flag left unset (SGLang's own path runs)")
+
+
 CONDITIONS: Dict[str, Callable[[Any], Tuple[bool, str]]] = {
     "sm120_sparse_decode_not_native": sm120_sparse_decode_not_native,
+    "hc_prenorm_gate_cannot_reach_a_missing_deep_gemm": hc_prenorm_gate_cannot_reach_a_missing_deep_gemm,
 }
 
 # ----------------------------------------------------------------------------- the table
@@ -197,19 +213,20 @@ TARGETS: Tuple[Target, ...] = (
         first="0.5.13", params=("x", "fn", "out", "sqrsum", "num_splits"),
         note="imported inside the callers' functions, at call time",
     ),
-    # 0.5.23: SGLang turns the DeepGEMM pre-norm path off on SM120 only when the user left the
-    # flag unset (arg_groups/model_hook.py:494), and its gate also needs ENABLE_JIT_DEEPGEMM.
-    # Earlier versions force it off unconditionally (0.5.13-0.5.19) or import deep_gemm
-    # unguarded behind the flag (0.5.20): left alone there (SGLang's torch path runs).
+    # 0.5.20-0.5.23: SGLang turns the DeepGEMM pre-norm path off on SM120 only when the user left the flag
+    # unset (arg_groups/model_hook.py: 0.5.20:393, 0.5.21:455, 0.5.22:487, 0.5.23:494); from 0.5.21 its gate
+    # also needs ENABLE_JIT_DEEPGEMM (mhc._use_deep_gemm_hc_prenorm), replaced below. 0.5.20 reads the flag
+    # directly and its fused post/pre step imports deep_gemm unguarded, hence the condition. 0.5.13-0.5.19
+    # force the flag off unconditionally in the launching process: left alone there (SGLang's torch path runs).
     Target(
         op="hc_prenorm", module="", attr="SGLANG_OPT_DEEPGEMM_HC_PRENORM", kind="env", value="1",
-        first="0.5.23", last="0.5.23",
-        note="read at call time by mhc._use_deep_gemm_hc_prenorm and deepseek_v4.py:3462",
+        first="0.5.20", last="0.5.23", when="hc_prenorm_gate_cannot_reach_a_missing_deep_gemm",
+        note="read at call time by mhc (mhc_pre, fused post/pre) and deepseek_v4.py's hc_pre (>= 1024 tokens)",
     ),
     Target(
         op="hc_prenorm", module="sglang.kernels.ops.layernorm.mhc", attr="_use_deep_gemm_hc_prenorm",
         replacement="deepseek_v4_kernel.ops.hc_prenorm:use_deep_gemm_hc_prenorm",
-        first="0.5.23", last="0.5.23", params=(),
+        first="0.5.21", last="0.5.23", params=(),
         note="module global, called at call time by mhc_pre and the fused post/pre step",
     ),
 )
