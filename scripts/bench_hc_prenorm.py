@@ -216,10 +216,10 @@ def cuda_sweep(ms, bw, n_sms, reps):
 
 def small_sweep(ms, bw, n_sms, reps):
     """SGLang's decode calls (m <= 64): its mhc_pre split count (64 at m <= 64) and, up to m = 63, num_splits None
-    (hc_pre's DeepGEMM branch, at decode only 0.5.12's with SGLANG_OPT_USE_TILELANG_MHC_PRE=0: 64 sub-slices and
-    the reduce grid): the few-rows kernel at each rows-per-block R (small_rows' pick marked), the MMA kernel (its
-    own sub-split pick), Triton, and torch fp32 (the issue's competitor), all in this run, each kernel checked
-    against float64 first (sum over the splits)."""
+    (hc_pre's DeepGEMM branch, at decode 0.5.13-0.5.19's with our flag row and 0.5.12's with
+    SGLANG_OPT_USE_TILELANG_MHC_PRE=0: 64 sub-slices and the reduce grid): the few-rows kernel at each
+    rows-per-block R (small_rows' pick marked), the MMA kernel (its own sub-split pick), Triton, and torch fp32
+    (the issue's competitor), all in this run, each kernel checked against float64 first (sum over the splits)."""
     out = []
     print(f"{'m':>4} {'S':>4} {'variant':>14} {'us':>7} {'%floor':>6} {'x torch32':>9}  check", flush=True)
     for m in ms:

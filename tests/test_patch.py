@@ -165,10 +165,19 @@ def test_condition_false_leaves_original(toypkg, monkeypatch):
         p.uninstall()
 
 
+def _unset_for_the_test(monkeypatch, *names):
+    """Unset ``names`` now and again after the test (setenv first, so that monkeypatch records the absence)."""
+    for k in names:
+        monkeypatch.setenv(k, "")
+        monkeypatch.delenv(k)
+
+
 def test_setattr_gate_and_env_gate(toypkg, monkeypatch):
     import importlib
 
-    monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
+    from deepseek_v4_kernel.patch import policy
+
+    _unset_for_the_test(monkeypatch, "DSV4_TOY_GATE", policy.ENV_SET)
     g = _target(toypkg, attr="STATE", kind="setattr", value="flipped", importers=())
     e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1")
     p = _patcher([g, e])
@@ -180,10 +189,12 @@ def test_setattr_gate_and_env_gate(toypkg, monkeypatch):
         assert lib.STATE == "flipped" and p.records[g].status == hook.PATCHED
     finally:
         p.uninstall()
-        monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
 
 
 def test_env_gate_respects_user_setting(monkeypatch):
+    from deepseek_v4_kernel.patch import policy
+
+    _unset_for_the_test(monkeypatch, policy.ENV_SET)
     monkeypatch.setenv("DSV4_TOY_GATE", "0")
     e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1")
     p = _patcher([e])
@@ -192,11 +203,40 @@ def test_env_gate_respects_user_setting(monkeypatch):
     assert os.environ["DSV4_TOY_GATE"] == "0" and p.records[e].status == hook.LEFT
 
 
+def test_env_gate_reasserted_in_workers_only_where_this_layer_set_it(monkeypatch):
+    """SGLang 0.5.13-0.5.19's launcher turns a flag off after start-up, in its own process: the launcher's process
+    (where the user had not set it) marks it as set by this layer, and a worker that inherits another value sets
+    it again; a value the user gave, or a row without reassert, stays."""
+    import os
+
+    from deepseek_v4_kernel.patch import policy
+
+    _unset_for_the_test(monkeypatch, "DSV4_TOY_GATE", policy.ENV_SET)
+    e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1", reassert=True)
+    plain = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1")
+    _patcher([e]).uninstall()                                   # the launcher's process: the user set nothing
+    assert os.environ["DSV4_TOY_GATE"] == "1" and os.environ[policy.ENV_SET] == "DSV4_TOY_GATE"
+    os.environ["DSV4_TOY_GATE"] = "False"                       # SGLang's launcher, after start-up
+    p = _patcher([plain])                                       # a worker, row without reassert
+    assert os.environ["DSV4_TOY_GATE"] == "False" and p.records[plain].status == hook.LEFT
+    p = _patcher([e])                                           # a worker, reasserting row
+    assert os.environ["DSV4_TOY_GATE"] == "1" and p.records[e].status == hook.PATCHED
+    assert "set again" in p.records[e].reason and os.environ[policy.ENV_SET] == "DSV4_TOY_GATE"
+    monkeypatch.delenv(policy.ENV_SET)                          # the user's own 0: never marked, never reasserted
+    monkeypatch.setenv("DSV4_TOY_GATE", "0")
+    p = _patcher([e])
+    assert os.environ["DSV4_TOY_GATE"] == "0" and p.records[e].status == hook.LEFT
+    assert policy.ENV_SET not in os.environ
+
+
 def test_env_gate_condition_sees_the_sglang_version(monkeypatch):
     """An env row's condition is evaluated at install with the SGLang version (no module exists yet): not needed
     -> the variable stays unset and the row says why; needed -> set."""
     import os
 
+    from deepseek_v4_kernel.patch import policy
+
+    _unset_for_the_test(monkeypatch, "DSV4_TOY_GATE", policy.ENV_SET)
     seen = []
     monkeypatch.setitem(targets.CONDITIONS, "toy_env", lambda v: (seen.append(v) or v != "0.5.20", "version says no"))
     e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1", first="0.5.12", when="toy_env")
@@ -210,17 +250,18 @@ def test_env_gate_condition_sees_the_sglang_version(monkeypatch):
         finally:
             p.uninstall()
     assert seen == ["0.5.20", "0.5.23"]
-    monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
 
 
 def test_env_gate_condition_that_raises_costs_only_its_row(toypkg, monkeypatch):
     import importlib
     import os
 
+    from deepseek_v4_kernel.patch import policy
+
     def broken(version):
         raise OSError("disk gone")
 
-    monkeypatch.delenv("DSV4_TOY_GATE", raising=False)
+    _unset_for_the_test(monkeypatch, "DSV4_TOY_GATE", policy.ENV_SET)
     monkeypatch.setitem(targets.CONDITIONS, "toy_broken", broken)
     e = Target(op="toy", module="", attr="DSV4_TOY_GATE", kind="env", value="1", when="toy_broken")
     t = _target(toypkg)
@@ -235,8 +276,9 @@ def test_env_gate_condition_that_raises_costs_only_its_row(toypkg, monkeypatch):
 
 
 def test_hc_prenorm_gate_condition_by_version_and_deep_gemm(monkeypatch):
-    """SGLang 0.5.20 imports deep_gemm unguarded behind the flag: set it only where a deep_gemm is importable;
-    0.5.21+ ask the replaced mhc._use_deep_gemm_hc_prenorm first, so the flag is safe there without one."""
+    """SGLang 0.5.17-0.5.20's fused post/pre step imports deep_gemm behind the flag alone: set it only where a
+    deep_gemm is importable there; 0.5.13-0.5.16 do not take that step on SM120 and 0.5.21+ ask the replaced
+    mhc._use_deep_gemm_hc_prenorm first, so the flag is safe there without one."""
     import importlib.util
 
     cond = targets.CONDITIONS["hc_prenorm_gate_cannot_reach_a_missing_deep_gemm"]
@@ -244,9 +286,10 @@ def test_hc_prenorm_gate_condition_by_version_and_deep_gemm(monkeypatch):
     for have in (False, True):
         monkeypatch.setattr(importlib.util, "find_spec",
                             lambda name, *a: (object() if have else None) if name == "deep_gemm" else real(name, *a))
-        needed, why = cond("0.5.20")
-        assert needed == have and "deep_gemm" in why
-        for v in ("0.5.21", "0.5.22", "0.5.23"):
+        for v in ("0.5.17", "0.5.18", "0.5.19", "0.5.20"):
+            needed, why = cond(v)
+            assert needed == have and "deep_gemm" in why, v
+        for v in ("0.5.13", "0.5.15.post1", "0.5.16", "0.5.21", "0.5.22", "0.5.23"):
             assert cond(v)[0], v
 
 

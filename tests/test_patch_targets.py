@@ -247,23 +247,43 @@ def test_hc_prenorm_rows_patch_real_modules(version):
         assert env[HC_GATE] == "1"
         rows, _ = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc")
         assert rows[HC_HELPER]["status"] == "patched"
-    elif version == "0.5.20":   # reads the flag itself (no helper); the gate's condition decides
+    else:   # 0.5.17 / 0.5.20 read the flag themselves (no helper) and import deep_gemm behind it: the condition
         has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None
         assert env[HC_GATE] == ("1" if has_deep_gemm else None), env
         assert rows[HC_GATE]["status"] == ("patched" if has_deep_gemm else "left"), rows[HC_GATE]
         rows, _ = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc")
         assert rows[HC_HELPER]["status"] == "inactive"
-    else:  # 0.5.17 forces the flag off itself: we leave that version's hc path alone
-        assert env[HC_GATE] is None
 
 
-def test_hc_prenorm_gate_on_sglang_0_5_20_with_a_deep_gemm(tmp_path):
-    """0.5.20's fused post/pre step imports deep_gemm behind the flag: with one importable (a stand-in with the
-    prenorm attribute here) the flag is set, and whichever deep_gemm it is gets our prenorm GEMM."""
+def _stand_in_deep_gemm(tmp_path):
     (tmp_path / "deep_gemm.py").write_text("def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):\n"
                                            "    raise RuntimeError('Unsupported architecture')\n")
-    rows, env = _patch_real_module("0.5.20", "sglang.kernels.ops.layernorm.mhc", extra_path=[str(tmp_path)])
+    return [str(tmp_path)]
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.20"])
+def test_hc_prenorm_gate_with_a_deep_gemm(version, tmp_path):
+    """0.5.17-0.5.20's fused post/pre step imports deep_gemm behind the flag: with one importable (a stand-in with
+    the prenorm attribute here) the flag is set, and whichever deep_gemm it is gets our prenorm GEMM."""
+    rows, env = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc",
+                                   extra_path=_stand_in_deep_gemm(tmp_path))
     assert env[HC_GATE] == "1" and rows[HC_GATE]["status"] == "patched", rows[HC_GATE]
+
+
+def test_hc_prenorm_gate_set_again_in_sglang_0_5_17_workers(tmp_path):
+    """0.5.13-0.5.19's launcher sets the flag False on SM120 after start-up, in its own process; its scheduler /
+    TP workers (spawned: this layer runs first there) inherit that value and the layer's mark, and set it again.
+    A False the user gave (no mark) stays."""
+    from deepseek_v4_kernel.patch import policy
+
+    path = _stand_in_deep_gemm(tmp_path)
+    worker = {**FORCE, HC_GATE: "False", policy.ENV_SET: HC_GATE}
+    rows, env = _patch_real_module("0.5.17", "sglang.srt.layers.deep_gemm_wrapper.entrypoint", env=worker,
+                                   extra_path=path)
+    assert env[HC_GATE] == "1" and rows[HC_GATE]["status"] == "patched" and "again" in rows[HC_GATE]["reason"]
+    rows, env = _patch_real_module("0.5.17", "sglang.srt.layers.deep_gemm_wrapper.entrypoint",
+                                   env={**FORCE, HC_GATE: "False"}, extra_path=path)
+    assert env[HC_GATE] == "False" and rows[HC_GATE]["status"] == "left"
 
 
 def test_hc_prenorm_user_setting_wins():

@@ -137,6 +137,42 @@ def test_patch_applies_in_spawned_child():
     assert 2 <= len(_banner_lines(r.stderr)) <= 3, r.stderr
 
 
+def test_hc_prenorm_gate_set_again_in_a_spawned_worker(tmp_path):
+    """SGLang 0.5.17 as it launches on SM120: our sitecustomize sets SGLANG_OPT_DEEPGEMM_HC_PRENORM at start-up,
+    the launcher's model adjustments then set it False in its own process (EnvBool.set, as server_args.py:5313
+    does), and the scheduler it spawns runs our sitecustomize first, which sets the flag again; SGLang's own
+    reader then says True there. A deep_gemm stand-in is importable (0.5.17's fused step would import one)."""
+    (tmp_path / "deep_gemm.py").write_text("def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):\n"
+                                           "    raise RuntimeError('Unsupported architecture')\n")
+    code = textwrap.dedent("""
+        import multiprocessing as mp, os
+
+        def worker(q):
+            from sglang.srt.environ import envs
+            q.put((os.environ.get('SGLANG_OPT_DEEPGEMM_HC_PRENORM'), envs.SGLANG_OPT_DEEPGEMM_HC_PRENORM.get()))
+
+        if __name__ == '__main__':
+            print('LAUNCHER_START=%s' % os.environ.get('SGLANG_OPT_DEEPGEMM_HC_PRENORM'))
+            from sglang.srt.environ import envs
+            envs.SGLANG_OPT_DEEPGEMM_HC_PRENORM.set(False)   # SGLang's SM120 adjustment, in the launcher
+            ctx = mp.get_context('spawn')
+            q = ctx.Queue()
+            p = ctx.Process(target=worker, args=(q,))
+            p.start()
+            print('WORKER=%r' % (q.get(timeout=180),))
+            p.join()
+    """)
+    script = tmp_path / "launch.py"
+    script.write_text(code)
+    for user, want in ((None, "('1', True)"), ("0", "('False', False)")):
+        env = {"DSV4_KERNEL_FORCE": "1", **({"SGLANG_OPT_DEEPGEMM_HC_PRENORM": user} if user else {})}
+        r = run_child(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+                      path=[sglang_dir("0.5.17"), str(tmp_path)], env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"LAUNCHER_START={'1' if user is None else user}" in r.stdout, r.stdout + r.stderr
+        assert f"WORKER={want}" in r.stdout, (user, r.stdout + r.stderr)
+
+
 def test_broken_extension_is_reported_and_start_up_survives(tmp_path):
     bad = tmp_path / "_C.so"
     bad.write_bytes(b"not an ELF file")

@@ -190,8 +190,11 @@ class Patcher:
     def _apply_env(self, t: Target) -> None:
         rec = self.records[t]
         current = os.environ.get(t.attr)
-        if current is not None and current != str(t.value):
-            rec.status, rec.reason = LEFT, f"user set {t.attr}={current}"
+        ours = t.attr in os.environ.get(policy.ENV_SET, "").split(",")   # set by this layer in a parent process
+        again = current is not None and current != str(t.value) and t.reassert and ours
+        if current is not None and current != str(t.value) and not again:
+            rec.status, rec.reason = LEFT, (f"{t.attr}={current} was set before start-up (by the user, or in a "
+                                            f"worker process by SGLang's launcher)")
             return
         if t.when is not None:
             needed, why = CONDITIONS[t.when](self.version)
@@ -199,8 +202,11 @@ class Patcher:
                 rec.status, rec.reason = LEFT, why
                 return
         os.environ[t.attr] = str(t.value)
-        rec.status, rec.reason = PATCHED, f"{t.attr}={t.value}"
-        log.info("deepseek_v4_kernel: set %s=%s (%s)", t.attr, t.value, t.op)
+        if not ours:
+            os.environ[policy.ENV_SET] = ",".join(x for x in (os.environ.get(policy.ENV_SET), t.attr) if x)
+        rec.status, rec.reason = PATCHED, f"{t.attr}={t.value}" + (
+            f" (set again: SGLang's launcher had set {current})" if again else "")
+        log.info("deepseek_v4_kernel: set %s=%s (%s)%s", t.attr, t.value, t.op, " again" if again else "")
 
     def _apply(self, t: Target, module) -> None:
         rec = self.records[t]

@@ -24,6 +24,10 @@ FORCE = "DSV4_KERNEL_FORCE"  # 1: act on any CUDA GPU (testing on H100)
 PREFER = "DSV4_KERNEL_PREFER"  # "ours": replace SGLang's native SM120 kernels too
 STRICT = "DSV4_KERNEL_STRICT"  # 1: an uncovered case raises instead of handing back
 QUIET = "DSV4_KERNEL_QUIET"  # 1: no start-up line
+# Set by the patch layer itself, never by users: the environment variables it set because the user had not (comma
+# separated). Processes started later inherit it, so a reasserting env row can tell SGLang's launcher's value from
+# the user's (patch/hook.py, Patcher._apply_env).
+ENV_SET = "DSV4_KERNEL_ENV_SET"
 
 
 def prefer_ours() -> bool:

@@ -39,6 +39,9 @@ class Target:
     callers: Tuple[str, ...] = ()  # SGLang modules whose source calls attr (tests read their keywords)
     kind: str = "replace"  # "replace" | "setattr" (module.attr = value) | "env" (environment default)
     value: Any = None
+    # kind "env": SGLang's launcher may change the variable after start-up (0.5.13-0.5.19 force one off on SM120):
+    # a process started later that finds another value where this layer had set it (the user had not) sets it again
+    reassert: bool = False
     note: str = ""
 
     def version_text(self) -> str:
@@ -87,12 +90,16 @@ def sm120_sparse_decode_not_native(module) -> Tuple[bool, str]:
 
 
 def hc_prenorm_gate_cannot_reach_a_missing_deep_gemm(version) -> Tuple[bool, str]:
-    """SGLang >= 0.5.21, or a deep_gemm module is importable (0.5.20 imports it unguarded behind the flag)."""
-    # 0.5.21+ ask mhc._use_deep_gemm_hc_prenorm (replaced: it checks that deep_gemm is importable) before the
-    # fused post/pre step's `import deep_gemm`; 0.5.20 reads the flag there directly (mhc.py:1646-1647), and
-    # its mhc_pre (mhc.py:1034) and hc_pre (deepseek_v4.py:2272-2287) go through the entrypoint (ours).
-    if version and policy.parse_version(version) >= policy.parse_version("0.5.21"):
-        return True, f"SGLang {version} asks mhc._use_deep_gemm_hc_prenorm (replaced) before importing deep_gemm"
+    """SGLang 0.5.13-0.5.16 or >= 0.5.21, or an importable deep_gemm (0.5.17-0.5.20 import it behind the flag alone)."""
+    # Where the flag leads on SM120 (docs/hc_prenorm.md section 5): hc_pre's DeepGEMM branch and mhc_pre call the
+    # entrypoint (ours, no deep_gemm needed); the fused post/pre step does `import deep_gemm` behind the flag
+    # alone in 0.5.17-0.5.20 (0.5.17 mhc.py:1448, 0.5.20 mhc.py:1646), where SM120 can take that step (0.5.17 with
+    # SGLANG_OPT_FUSE_MHC_POST_PRE=1, 0.5.18+ by default); 0.5.13-0.5.16 take it only with the TileLang pre
+    # path, which they force off on SM120; 0.5.21+ ask mhc._use_deep_gemm_hc_prenorm first (replaced: it checks
+    # that deep_gemm is importable).
+    v = policy.parse_version(version) if version else ()
+    if v and (v < policy.parse_version("0.5.17") or v >= policy.parse_version("0.5.21")):
+        return True, f"no SGLang {version} caller on SM120 imports deep_gemm behind this flag alone"
     if importlib.util.find_spec("deep_gemm") is not None:
         return True, "deep_gemm is importable (its prenorm GEMM is replaced when it is imported)"
     return False, (f"SGLang {version}'s fused post/pre step would `import deep_gemm` behind this flag and no "
@@ -213,15 +220,17 @@ TARGETS: Tuple[Target, ...] = (
         first="0.5.13", params=("x", "fn", "out", "sqrsum", "num_splits"),
         note="imported inside the callers' functions, at call time",
     ),
-    # 0.5.20-0.5.23: SGLang turns the DeepGEMM pre-norm path off on SM120 only when the user left the flag
-    # unset (arg_groups/model_hook.py: 0.5.20:393, 0.5.21:455, 0.5.22:487, 0.5.23:494); from 0.5.21 its gate
-    # also needs ENABLE_JIT_DEEPGEMM (mhc._use_deep_gemm_hc_prenorm), replaced below. 0.5.20 reads the flag
-    # directly and its fused post/pre step imports deep_gemm unguarded, hence the condition. 0.5.13-0.5.19
-    # force the flag off unconditionally in the launching process: left alone there (SGLang's torch path runs).
+    # SGLang's switch for the DeepGEMM pre-norm path (read at call time). On SM120, 0.5.13-0.5.19 set it off in
+    # the launching process whatever the user said (0.5.13 server_args.py:2120 ... 0.5.19 model_hook.py:343),
+    # after this layer set it: reassert sets it again in the processes the launcher starts (its scheduler and
+    # TP workers, spawned: they run this layer first), unless the user set it. 0.5.20-0.5.23 turn it off only
+    # when unset (model_hook.py: 0.5.20:393, 0.5.21:455, 0.5.22:487, 0.5.23:494). From 0.5.21 SGLang's gate also
+    # needs ENABLE_JIT_DEEPGEMM (mhc._use_deep_gemm_hc_prenorm), replaced below. The condition keeps the flag
+    # off where it would lead to an `import deep_gemm` that no installed module answers.
     Target(
         op="hc_prenorm", module="", attr="SGLANG_OPT_DEEPGEMM_HC_PRENORM", kind="env", value="1",
-        first="0.5.20", last="0.5.23", when="hc_prenorm_gate_cannot_reach_a_missing_deep_gemm",
-        note="read at call time by mhc (mhc_pre, fused post/pre) and deepseek_v4.py's hc_pre (>= 1024 tokens)",
+        first="0.5.13", last="0.5.23", when="hc_prenorm_gate_cannot_reach_a_missing_deep_gemm", reassert=True,
+        note="read at call time by deepseek_v4.py's hc_pre (from 0.5.20 only at >= 1024 tokens) and mhc",
     ),
     Target(
         op="hc_prenorm", module="sglang.kernels.ops.layernorm.mhc", attr="_use_deep_gemm_hc_prenorm",
@@ -243,5 +252,7 @@ def markdown_table() -> str:
         what = f"`{t.module}.{t.attr}`" if t.kind != "env" else f"env `{t.attr}`"
         by = f"`{t.replacement}`" if t.kind == "replace" else f"`{t.value!r}`"
         when = CONDITIONS[t.when].__doc__.strip().splitlines()[0] if t.when else "always on SM12x"
+        if t.reassert:
+            when += " Set again in the worker processes of a launcher that changed it, unless the user set it."
         rows.append(f"| {t.op} | {t.version_text()} | {what} | {by} | {when} |")
     return "\n".join(rows)
