@@ -371,6 +371,60 @@ def test_gpu_impls_vs_reference(impl, name):
     _check(a, out, lse)
 
 
+def _every_code_case(b, h_q, topk, page_size=64, seed=0):
+    """Row i attends to one token t_i only (the other slots -1), so its output is that token's dequantised row,
+    exactly (P = 1, bf16 values): the dequantisation checked bit for bit. The cache's NoPE bytes are written
+    directly and run through every finite e4m3 code (0x7f / 0xff are NaN), subnormals included, with scale bytes
+    127 - 20 .. 127 + 10 (the results stay normal bf16 numbers); RoPE is random bf16."""
+    from deepseek_v4_kernel.reference.sparse_decode import ROW, SROW, _raw_pages
+
+    g = torch.Generator().manual_seed(seed)
+    n_tok = b + 3
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    nope = codes[torch.randperm(n_tok * 448, generator=g) % len(codes)].reshape(n_tok, 448)
+    assert torch.unique(nope).numel() == len(codes)
+    rope = (torch.randn(n_tok, 64, generator=g) * 4).bfloat16().view(torch.uint8).reshape(n_tok, 128)
+    scales = torch.randint(107, 138, (n_tok, 7), generator=g, dtype=torch.uint8)
+    cache = pack_fp8_ds_mla(torch.ones(n_tok, 512), page_size)          # the layout; the bytes are replaced below
+    raw = _raw_pages(cache)
+    for t in range(n_tok):
+        p, r = divmod(t, page_size)
+        raw[p, r * ROW: (r + 1) * ROW] = torch.cat([nope[t], rope[t]])
+        raw[p, page_size * ROW + r * SROW: page_size * ROW + r * SROW + 7] = scales[t]
+    idx = torch.full((b, 1, topk), -1, dtype=torch.int32)
+    tok = torch.randperm(n_tok, generator=g)[:b].to(torch.int32)
+    idx[torch.arange(b), 0, torch.randint(0, topk, (b,), generator=g)] = tok
+    q = torch.randn(b, 1, h_q, 512, generator=g).bfloat16()
+    want = unpack_fp8_ds_mla(cache)[tok.long()]                         # float64 [b, 512]
+    assert torch.equal(want.bfloat16().double(), want)                  # exact in bf16
+    return dict(q=q, k_cache=cache, indices=idx), want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["mma64", "mma64h32", "mma64h16", "mma", "simt"])
+@pytest.mark.parametrize("b", [2, 40])
+def test_gpu_dequantisation_bit_exact(monkeypatch, impl, b):
+    """Every e4m3 code (subnormals included) and a range of scales, through each kernel, split (b = 2: 97 slots
+    in 4 forced splits of one 32-token tile, three of them empty) and unsplit (b = 40, 5 slots): the output of a
+    row that attends to one token is that token's dequantised row, bit for bit, on every head."""
+    a, want = _every_code_case(b, h_q=64, topk=97 if b == 2 else 5, seed=b)
+    a = _to_cuda(a)
+    if b == 2:
+        monkeypatch.setattr(sd, "mma64_launch", lambda *args, **kw: (sd.HEAD_TILE[impl], 4, 32))
+        monkeypatch.setattr(sd, "choose_splits", lambda *args, **kw: (4, 32))
+    out, lse = _run_poisoned(a, impl=impl)
+    torch.cuda.synchronize()
+    o = out.double().cpu()
+    assert torch.equal(o, want[:, None, None, :].expand_as(o)), \
+        f"{impl}: {(o != want[:, None, None, :]).sum().item()} of {o.numel()} values differ"
+    # lse = the one score: K values up to ~4.6e5 make |q.K| a sum of large terms, so the fp32 accumulation of
+    # 512 products (in any order) is bounded by 512 * 2^-24 * sum |q_d K_d|, not by _check's lse tolerance
+    _, ref_l = sparse_decode_ref(**a)
+    bound = 2.0 ** -15 * (a["q"].double().cpu().abs()[:, 0] * want[:, None, :].abs()).sum(-1) / math.sqrt(512)
+    err = (lse.double().cpu()[..., 0] - ref_l[..., 0]).abs()
+    assert bool((err <= bound + 1e-6).all()), f"{impl}: lse off by {(err - bound).max().item():.3g} over the bound"
+
+
 @pytest.mark.gpu
 def test_gpu_prefill_sized_batch():
     """b = 8192 (a prefill chunk goes through the same call, issue 3): one unsplit pass of 8192 x 1 blocks.
