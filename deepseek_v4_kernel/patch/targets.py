@@ -20,8 +20,8 @@ from . import policy
 # SGLang releases surveyed (docs/sglang_surface.md). 0.5.12 is the first with DeepSeek-V4.
 SURVEYED = ("0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
             "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
-# Versions whose wheels the test-suite installs and patches for real: oldest, middle, newest, and 0.5.20 (the one
-# release whose hc_prenorm gate is set by an environment row under a condition).
+# Versions whose wheels the test-suite installs and patches for real: oldest, middle, newest, and 0.5.20 (the last
+# whose fused post/pre step imports deep_gemm behind the hc_prenorm flag alone, with direct flag reads).
 TESTED = ("0.5.12", "0.5.17", "0.5.20", "0.5.23")
 
 
