@@ -36,6 +36,15 @@ def sglang_dir(version: str) -> str:
     return d
 
 
+def stand_in_deep_gemm(directory) -> str:
+    """Write a module ``deep_gemm`` into ``directory`` with DeepGEMM's prenorm entry point, failing the way the
+    real one does on SM120 (no DeepGEMM wheel installs on a CPU machine), and return ``directory`` for a path."""
+    with open(os.path.join(str(directory), "deep_gemm.py"), "w") as f:
+        f.write("def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):\n"
+                "    raise RuntimeError('Unsupported architecture')\n")
+    return str(directory)
+
+
 def flash_mla_dir() -> str:
     d = os.path.join(WHEELS, "flash_mla")
     if not os.path.isdir(os.path.join(d, "flash_mla")):

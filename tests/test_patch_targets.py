@@ -13,7 +13,8 @@ import os
 import pytest
 
 from deepseek_v4_kernel.patch import targets
-from sglang_env import FLASH_MLA_LOADER_STUB, REPORT_JSON, flash_mla_dir, parse_report, run_child, sglang_dir
+from sglang_env import (FLASH_MLA_LOADER_STUB, REPORT_JSON, flash_mla_dir, parse_report, run_child, sglang_dir,
+                        stand_in_deep_gemm)
 
 FORCE = {"DSV4_KERNEL_FORCE": "1"}
 
@@ -255,18 +256,12 @@ def test_hc_prenorm_rows_patch_real_modules(version):
         assert rows[HC_HELPER]["status"] == "inactive"
 
 
-def _stand_in_deep_gemm(tmp_path):
-    (tmp_path / "deep_gemm.py").write_text("def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):\n"
-                                           "    raise RuntimeError('Unsupported architecture')\n")
-    return [str(tmp_path)]
-
-
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.20"])
 def test_hc_prenorm_gate_with_a_deep_gemm(version, tmp_path):
     """0.5.17-0.5.20's fused post/pre step imports deep_gemm behind the flag: with one importable (a stand-in with
     the prenorm attribute here) the flag is set, and whichever deep_gemm it is gets our prenorm GEMM."""
     rows, env = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc",
-                                   extra_path=_stand_in_deep_gemm(tmp_path))
+                                   extra_path=[stand_in_deep_gemm(tmp_path)])
     assert env[HC_GATE] == "1" and rows[HC_GATE]["status"] == "patched", rows[HC_GATE]
 
 
@@ -276,7 +271,7 @@ def test_hc_prenorm_gate_set_again_in_sglang_0_5_17_workers(tmp_path):
     A False the user gave (no mark) stays."""
     from deepseek_v4_kernel.patch import policy
 
-    path = _stand_in_deep_gemm(tmp_path)
+    path = [stand_in_deep_gemm(tmp_path)]
     worker = {**FORCE, HC_GATE: "False", policy.ENV_SET: HC_GATE}
     rows, env = _patch_real_module("0.5.17", "sglang.srt.layers.deep_gemm_wrapper.entrypoint", env=worker,
                                    extra_path=path)
@@ -296,10 +291,8 @@ def test_hc_prenorm_user_setting_wins():
 def test_deep_gemm_prenorm_is_replaced_when_deep_gemm_is_imported(tmp_path):
     """No DeepGEMM wheel installs on a CPU machine: a stand-in module with the same attribute
     shows the row applies to whichever deep_gemm the image has."""
-    (tmp_path / "deep_gemm.py").write_text("def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):\n"
-                                           "    raise RuntimeError('Unsupported architecture')\n")
     r = run_child("import deep_gemm\nprint('WRAPPED=%s' % hasattr(deep_gemm.tf32_hc_prenorm_gemm, '__dsv4_original__'))",
-                  path=[sglang_dir("0.5.23"), str(tmp_path)], env=FORCE)
+                  path=[sglang_dir("0.5.23"), stand_in_deep_gemm(tmp_path)], env=FORCE)
     assert "WRAPPED=True" in r.stdout, r.stdout + r.stderr
 
 

@@ -4,7 +4,7 @@
 import os
 import textwrap
 
-from sglang_env import REPORT_JSON, parse_report, run_child, sglang_dir
+from sglang_env import REPORT_JSON, parse_report, run_child, sglang_dir, stand_in_deep_gemm
 
 BANNER = "[deepseek_v4_kernel"
 
@@ -142,8 +142,7 @@ def test_hc_prenorm_gate_set_again_in_a_spawned_worker(tmp_path):
     the launcher's model adjustments then set it False in its own process (EnvBool.set, as server_args.py:5313
     does), and the scheduler it spawns runs our sitecustomize first, which sets the flag again; SGLang's own
     reader then says True there. A deep_gemm stand-in is importable (0.5.17's fused step would import one)."""
-    (tmp_path / "deep_gemm.py").write_text("def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):\n"
-                                           "    raise RuntimeError('Unsupported architecture')\n")
+    stand_in_deep_gemm(tmp_path)
     code = textwrap.dedent("""
         import multiprocessing as mp, os
 
