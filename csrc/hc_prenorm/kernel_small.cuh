@@ -16,9 +16,9 @@
 // and add them up by shuffles at the end (the kTK lanes of a slot are lanes of one warp). Two blocks per SM
 // (kMinBlocksPerSm: <= 128 registers), which the launch rule (hc_prenorm.small_rows) counts on. A split may
 // be empty (more splits than 64-wide blocks): its partials are written as 0, as DeepGEMM's. With one split
-// (num_splits None: SGLang 0.5.13-0.5.22's hc_pre at decode) the launcher runs it on P splits of <= 256 into the
-// workspace (DeepGEMM's partition into P splits is the partition of one split into P sub-slices) and
-// hc_prenorm_reduce_kernel (kernel.cuh) sums them, as for the MMA kernel's fast instance.
+// (num_splits None: SGLang's hc_pre DeepGEMM branch, docs/hc_prenorm.md section 5) the launcher runs it on P
+// splits of <= 256 into the workspace (DeepGEMM's partition into P splits is the partition of one split into P
+// sub-slices) and hc_prenorm_reduce_kernel (kernel.cuh) sums them, as for the MMA kernel's fast instance.
 #pragma once
 #include <cuda_bf16.h>
 #include <type_traits>

@@ -191,8 +191,9 @@ class Patcher:
         rec = self.records[t]
         current = os.environ.get(t.attr)
         ours = t.attr in os.environ.get(policy.ENV_SET, "").split(",")   # set by this layer in a parent process
-        again = current is not None and current != str(t.value) and t.reassert and ours
-        if current is not None and current != str(t.value) and not again:
+        differs = current is not None and current != str(t.value)
+        again = differs and t.reassert and ours
+        if differs and not again:
             rec.status, rec.reason = LEFT, (f"{t.attr}={current} was set before start-up (by the user, or in a "
                                             f"worker process by SGLang's launcher)")
             return
