@@ -115,11 +115,12 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
         p->num_splits < 1 || p->sub_splits < 1 || p->sub_splits > DSV4_HC_PRENORM_MAX_SUB ||
         p->num_splits * p->sub_splits > 65535 || p->x_stride % 8 || p->fn_stride % 4 ||
         ((uintptr_t)p->x | (uintptr_t)p->fn) % 16 ||
-        (p->sub_splits > 1 && (p->ws == nullptr || (p->counters == nullptr && p->small_rows == 0)))) {
+        (p->sub_splits > 1 && ((p->ws == nullptr && p->xchg == nullptr) || (p->counters == nullptr && p->small_rows == 0)))) {
       snprintf(g_last_error, sizeof(g_last_error),
                "hc_prenorm: bad sizes m=%lld n=%lld K=%lld splits=%lld sub_splits=%lld (expected m >= 1, "
                "1 <= n <= %d, K a positive multiple of 8, 1 <= sub_splits <= %d, splits * sub_splits <= 65535, "
-               "16-byte aligned x / fn rows, a workspace and counters when sub_splits > 1)",
+               "16-byte aligned x / fn rows, a workspace (or, few-rows kernel, an exchange buffer) and counters when "
+               "sub_splits > 1)",
                (long long)p->m, (long long)p->n, (long long)p->K, (long long)p->num_splits, (long long)p->sub_splits,
                DSV4_HC_PRENORM_MAX_N, DSV4_HC_PRENORM_MAX_SUB);
       return true;
@@ -134,6 +135,14 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
                "splits=%lld, sub_splits=%lld))",
                r, DSV4_HC_PRENORM_SMALL_MAX_ROWS, (long long)p->m, (long long)p->K, DSV4_HC_PRENORM_MAX_N, (long long)p->n,
                (long long)p->num_splits, (long long)p->sub_splits);
+      return true;
+    }
+    if (p->xchg != nullptr && (r == 0 || p->sub_splits < 2 || p->m > DSV4_HC_PRENORM_XCHG_ROWS ||
+                               (uintptr_t)p->xchg % 8)) {
+      snprintf(g_last_error, sizeof(g_last_error),
+               "hc_prenorm: bad xchg (an exchange buffer is taken only by the few-rows kernel with sub_splits > 1, "
+               "m <= %d and 8-byte alignment; got small_rows=%lld, sub_splits=%lld, m=%lld, xchg %% 8 = %d)",
+               DSV4_HC_PRENORM_XCHG_ROWS, r, (long long)p->sub_splits, (long long)p->m, (int)((uintptr_t)p->xchg % 8));
       return true;
     }
     return false;

@@ -129,7 +129,7 @@ def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
             res[label + sfx + "_us"] = t
             res[label + sfx + "_launch"] = str(hp.last_launch[0]) + (
                 (f" small R={hp.last_launch[2]}" if hp.last_launch[2] else f" P={hp.last_launch[1]}")
-                if hp.last_launch[0] == "cuda" else "")
+                + (" xchg" if hp.last_launch[3] else "") if hp.last_launch[0] == "cuda" else "")
             res[label + "_splits"] = S
             res[label + sfx + "_floor_pct"] = 100 * (per / bw * 1e6) / t
             if S_arg is None:
@@ -234,8 +234,13 @@ def small_sweep(ms, bw, n_sms, reps):
             ref = _reference(x, fn)
             t_torch = time_graph([lambda s=s: torch_fp32(s) for s in sets], reps)
             variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
+            if S_arg is None:   # sub-slices: summed in the launch (the exchange) or by the reduce grid
+                variants = [(f"R={r} xchg", "cuda", {"small_rows": r, "xchg": True})
+                            for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
+                variants += [(f"R={r} reduce", "cuda", {"small_rows": r, "xchg": False})
+                             for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
             variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
-            pick = hp.small_rows(m, K, S, n_sms)
+            pick = hp.decode_rows(m, K, S, n_sms, N, hp.exchange_enabled(m))
             tag = "None" if S_arg is None else str(S)
             for label, impl, cfg in variants:
                 o.fill_(float("nan"))
@@ -247,7 +252,8 @@ def small_sweep(ms, bw, n_sms, reps):
                                                                _config=cfg) for s in sets], reps)
                 rec = dict(m=m, S=tag, variant=label, us=t, floor_pct=100 * (per / bw * 1e6) / t,
                            torch_fp32_us=t_torch, x_torch_fp32=t_torch / t, rel_err=err, sq_rel_err=sq_err, ok=ok,
-                           picked=cfg is not None and cfg.get("small_rows") == pick and pick > 0)
+                           picked=cfg is not None and cfg.get("small_rows") == pick and pick > 0
+                           and (S_arg is not None or cfg.get("xchg") == hp.exchange_enabled(m)))
                 out.append(rec)
                 print(f"{m:4d} {tag:>4} {label:>14} {t:7.2f} {rec['floor_pct']:6.1f} {rec['x_torch_fp32']:9.2f}  "
                       f"{'ok' if ok else 'FAIL'} err/A {err:.1e} sq {sq_err:.1e}"

@@ -96,9 +96,9 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
 
 
 def test_hc_prenorm_resources_sm120a(tmp_path):
-    """The compiled hc_prenorm GEMM, both instances (the general kernel and kFast), and the five instances of the
-    few-rows FMA kernel (no shared memory, no spills, two 256-thread blocks per SM: <= 128 registers, as the
-    launch rule in hc_prenorm.py assumes). The GEMM: one 256-thread block per SM (<= 255 registers), static
+    """The compiled hc_prenorm GEMM, both instances (the general kernel and kFast), and the ten instances of the
+    few-rows FMA kernel (five rows-per-block, with and without the exchange; no spills, two 256-thread blocks per
+    SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes). The GEMM: one 256-thread block per SM (<= 255 registers), static
     shared memory only (the warp partials' hand-over, kSmemBytes from the named constants, + the last-block
     flag) within the SM120 limit, no spills (checked in _compile_sm120a).
     The reduce kernel of kFast's P > 1 partials: its warp sums' hand-over (kRedWarps x 32 float4) as static
@@ -110,14 +110,26 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
     gemm = {k: v for k, v in seen.items() if "hc_prenorm_kernel" in k}
     reduce = {k: v for k, v in seen.items() if "hc_prenorm_reduce_kernel" in k}
     small = {k: v for k, v in seen.items() if "hc_prenorm_small_kernel" in k}
-    assert len(gemm) == 2 and len(reduce) == 1 and len(small) == 5 and len(seen) == 8, list(seen)
-    # the few-rows kernel (kernel_small.cuh), one instance per rows-per-block: no shared memory at all, and the
-    # registers of kMinBlocksPerSm 256-thread blocks per SM (the launch rule, hc_prenorm.small_rows, counts on it)
-    per_sm = _named_constants("hc_prenorm/kernel_small.cuh")["kMinBlocksPerSm"]
+    assert len(gemm) == 2 and len(reduce) == 1 and len(small) == 10 and len(seen) == 13, list(seen)
+    # the few-rows kernel (kernel_small.cuh), one instance per rows-per-block R, without and with the exchange
+    # (template flag kXchg, mangled "Lb0" / "Lb1"): the registers of kMinBlocksPerSm 256-thread blocks per SM (the
+    # launch rule, hc_prenorm.small_rows, counts on it); no shared memory without the exchange, and with it the
+    # summing block's chain sums (kXChains x R x kXVals floats) + the last-ticket flag
+    small_consts = _named_constants("hc_prenorm/kernel_small.cuh")
+    per_sm = small_consts["kMinBlocksPerSm"]
     mirror = re.search(r"^_SMALL_BLOCKS_PER_SM = (\d+)", open(os.path.join(ROOT, "deepseek_v4_kernel", "ops",
                                                                           "hc_prenorm.py")).read(), re.M)
     assert per_sm == 2 and mirror and int(mirror.group(1)) == per_sm, (per_sm, mirror)
-    assert all(static_smem == 0 and regs * 256 * per_sm <= 65536 for regs, static_smem in small.values()), small
+    assert all(regs * 256 * per_sm <= 65536 for regs, _ in small.values()), small
+    plain = {k: v for k, v in small.items() if k.endswith("Lb0EEEv15HcPrenormParams")}
+    xchg = {k: v for k, v in small.items() if k.endswith("Lb1EEEv15HcPrenormParams")}
+    assert len(plain) == len(xchg) == 5, list(small)
+    assert all(static_smem == 0 for _, static_smem in plain.values()), plain
+    rows_of = {(1, 1): 1, (1, 2): 2, (1, 4): 4, (2, 4): 8, (4, 4): 16}   # <kRT, kJ, kTR, ...>: R = kRT kTR
+    for name, (_, static_smem) in xchg.items():
+        krt, ktr = map(int, re.search(r"kernelILi(\d+)ELi\d+ELi(\d+)E", name).groups())
+        R = rows_of[(krt, ktr)]
+        assert static_smem == small_consts["kXChains"] * R * 25 * 4 + 4, (name, static_smem)
     for name, (regs, static_smem) in gemm.items():
         assert want <= static_smem <= want + 16 and static_smem <= SMEM_LIMIT and regs <= 255, (name, regs, static_smem)
     (regs, static_smem), = reduce.values()

@@ -290,19 +290,27 @@ def test_gpu_cuda_kernel(m, K, n, num_splits, p):
 def test_gpu_small_kernel(m, K, n, num_splits, rows):
     x, fn = _inputs(m, K, n=n, device="cuda", seed=m + K + n + 1)
     S = num_splits or 1
-    want = rows or hp.small_rows(m, K, S, hp.sm_count(x.device), n)
+    want = rows or hp.decode_rows(m, K, S, hp.sm_count(x.device), n, hp.exchange_enabled(m))
     P = hp.small_sub_splits(K, S, n) or 1
     assert want in hp._SMALL_ROWS
     out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
     hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=None if rows is None else {"small_rows": rows})
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", P, want)
+    xchg = P > 1 and m <= hp.XCHG_MAX_M and hp.exchange_enabled(m)   # sub-slices summed in the launch
+    assert hp.last_launch == ("cuda", P, want, xchg)
     _check(x, fn, out, sq, num_splits)
     if rows is None and num_splits in (64, None):   # what SGLang's decode gets under impl "auto"
         out2, sq2 = _poisoned(m, n, S, "cuda", flat=num_splits is None)
         hp.tf32_hc_prenorm_gemm(x, fn, out2, sq2, num_splits)
-        assert hp.last_launch == ("cuda", P, want)
+        assert hp.last_launch == ("cuda", P, want, xchg)
         assert torch.equal(out2, out) and torch.equal(sq2, sq)
+    if P > 1:   # the exchange and the reduce grid: one sum order, one result
+        for cfg in ({"xchg": True}, {"xchg": False}):
+            out3, sq3 = _poisoned(m, n, S, "cuda", flat=num_splits is None)
+            hp.hc_prenorm_gemm(x, fn, out3, sq3, num_splits, impl="cuda", _config={"small_rows": want, **cfg})
+            torch.cuda.synchronize()
+            assert hp.last_launch == ("cuda", P, want, cfg["xchg"] and m <= hp.XCHG_MAX_M), cfg
+            assert torch.equal(out3, out) and torch.equal(sq3, sq), cfg
 
 
 @pytest.mark.gpu
@@ -352,7 +360,7 @@ def test_gpu_cuda_kernel_strided_out_and_empty_splits():
     out, sq, margins_nan = _strided_out(4, 150, 3)
     hp.hc_prenorm_gemm(x, fn, out, sq, 4, impl="cuda", _config={"p": 3})
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", 3, 0)
+    assert hp.last_launch == ("cuda", 3, 0, False)
     _check(x, fn, out, sq, 4)
     assert margins_nan(), "wrote outside out"
 
@@ -523,21 +531,121 @@ def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
 @pytest.mark.gpu
 def test_gpu_small_kernel_first_call_inside_capture(monkeypatch):
     """num_splits None at decode on a stream whose first call is captured (no workspace for that stream yet: one
-    from the graph's pool): the few-rows kernel's 64 sub-slices and the reduce grid, replayed, give the eager
-    call's numbers bit for bit."""
+    from the graph's pool; no exchange buffer: the reduce grid): the few-rows kernel's 64 sub-slices and the
+    reduce grid, replayed, give the eager call's numbers (the exchange's) bit for bit."""
     monkeypatch.setattr(hp, "_WORKSPACES", {})   # torch's streams come from a pool: make this one's workspace new
+    monkeypatch.setattr(hp, "_XCHG", {})         # and no exchange buffer: it cannot be zeroed inside a capture
     m, K = 9, 16384
     x, fn = _inputs(m, K, device="cuda", seed=21)
     out, sq = _poisoned(m, 24, 1, "cuda", flat=True)
     assert not hp._WORKSPACES, "no workspace yet, for any stream"
-    replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda"), lambda _: (out, sq),
-                       warm_up=False)
-    assert hp.last_launch == ("cuda", 64, hp.small_rows(m, K, 1, hp.sm_count(x.device)))
+    xchg = {"xchg": True}   # (whatever rows per block this GPU's rule picks)
+    replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=xchg),
+                       lambda _: (out, sq), warm_up=False)
+    R = hp.decode_rows(m, K, 1, hp.sm_count(x.device))
+    assert hp.last_launch == ("cuda", 64, R, False)   # the reduce grid
+    assert not hp._XCHG
     _check(x, fn, out, sq, None)
     out2, sq2 = _poisoned(m, 24, 1, "cuda", flat=True)
-    hp.hc_prenorm_gemm(x, fn, out2, sq2, None, impl="cuda")   # eager, on the default stream
+    hp.hc_prenorm_gemm(x, fn, out2, sq2, None, impl="cuda", _config=xchg)   # eager, on the default stream: the exchange
     torch.cuda.synchronize()
+    assert hp.last_launch == ("cuda", 64, R, True)
     assert torch.equal(out2, out) and torch.equal(sq2, sq)
+
+
+def _xchg_state(stream=None):
+    """(epochs [64], tickets [64]) of the exchange buffer of cuda:0's current (or the given) stream."""
+    with torch.cuda.stream(stream or torch.cuda.current_stream()):
+        buf = hp._XCHG[hp._stream_key(torch.device("cuda", 0))]
+    h = buf.view(torch.int32)[:128].cpu().long()
+    return h[:64], h[64:]
+
+
+@pytest.mark.gpu
+def test_gpu_exchange_epochs_tickets_and_changing_rows():
+    """The exchange (num_splits None: the few-rows kernel's sub-slices summed in its own launch, kernel_small.cuh
+    xchg_consume) over calls whose m and rows per block change, on one buffer: every call matches float64 and
+    the reduce grid bit for bit (a word left by an earlier call, of other rows per block and other data, never
+    passes for this call's), every ticket is 0 after each call, and row r's epoch has advanced by the number of
+    calls that covered it."""
+    K = 16384
+    hp.hc_prenorm_gemm(*_inputs(1, K, device="cuda"), *_poisoned(1, 24, 1, "cuda", flat=True), None, impl="cuda",
+                       _config={"xchg": True})
+    torch.cuda.synchronize()
+    assert hp.last_launch[3] is True
+    e0, t0 = _xchg_state()
+    assert (t0 == 0).all(), t0
+    covered = torch.zeros(64, dtype=torch.long)
+    plan = [(1, None), (8, None), (63, None), (2, 16), (17, None), (63, 1), (5, 4), (63, 8), (1, 2), (40, None),
+            (9, 16), (9, 16), (3, None)]
+    for i, (m, R) in enumerate(plan):
+        x, fn = _inputs(m, K, device="cuda", seed=100 + i)
+        out, sq = _poisoned(m, 24, 1, "cuda", flat=True)
+        cfg = {"xchg": True, **({} if R is None else {"small_rows": R})}
+        hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=cfg)
+        torch.cuda.synchronize()
+        assert hp.last_launch == ("cuda", 64, R or hp.decode_rows(m, K, 1, hp.sm_count(x.device)), True), (m, R)
+        covered[:m] += 1
+        _check(x, fn, out, sq, None)
+        epochs, tickets = _xchg_state()
+        assert (tickets == 0).all(), (m, R, tickets)
+        assert torch.equal((epochs - e0) % (1 << 32), covered), (m, R, epochs - e0, covered)
+        o2, q2 = _poisoned(m, 24, 1, "cuda", flat=True)
+        hp.hc_prenorm_gemm(x, fn, o2, q2, None, impl="cuda",
+                           _config={"small_rows": hp.last_launch[2], "xchg": False})
+        torch.cuda.synchronize()
+        assert torch.equal(o2, out) and torch.equal(q2, sq), (m, R)
+
+
+@pytest.mark.gpu
+def test_gpu_exchange_graph_of_several_calls_and_two_streams():
+    """One CUDA graph holding three exchange calls of different m (3, 40, 3: the rows 0-2 are covered by all three,
+    one after the other), replayed on poisoned outputs four times: the eager results bit for bit each time,
+    tickets back to 0. Then two streams at once, each with its own exchange buffer."""
+    K = 16384
+    cases = [(3, 31), (40, 32), (3, 33)]
+    ins = [_inputs(m, K, device="cuda", seed=sd) for m, sd in cases]
+    outs = [_poisoned(m, 24, 1, "cuda", flat=True) for m, _ in cases]
+
+    def calls():
+        for (x, fn), (o, q) in zip(ins, outs):
+            hp.hc_prenorm_gemm(x, fn, o, q, None, impl="cuda", _config={"xchg": True})
+        return [t for pair in outs for t in pair]
+
+    eager = [t.clone() for t in calls()]
+    torch.cuda.synchronize()
+    for (x, fn), (o, q) in zip(ins, outs):
+        _check(x, fn, o, q, None)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        calls()   # warm-up: this stream's exchange buffer
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        calls()
+    for _ in range(4):
+        for t in outs:
+            t[0].fill_(float("nan"))
+            t[1].fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip([t for pair in outs for t in pair], eager))
+        assert (_xchg_state(s)[1] == 0).all()
+    # two streams at once (SGLang's two-batch overlap): each stream's calls use its own buffer
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    o1, o2 = _poisoned(40, 24, 1, "cuda", flat=True), _poisoned(3, 24, 1, "cuda", flat=True)
+    s1.wait_stream(torch.cuda.current_stream())
+    s2.wait_stream(torch.cuda.current_stream())
+    for _ in range(20):
+        with torch.cuda.stream(s1):
+            hp.hc_prenorm_gemm(*ins[1], *o1, None, impl="cuda", _config={"xchg": True})
+        with torch.cuda.stream(s2):
+            hp.hc_prenorm_gemm(*ins[2], *o2, None, impl="cuda", _config={"xchg": True})
+    torch.cuda.synchronize()
+    assert torch.equal(o1[0], eager[2]) and torch.equal(o1[1], eager[3])
+    assert torch.equal(o2[0], eager[4]) and torch.equal(o2[1], eager[5])
+    assert (_xchg_state(s1)[1] == 0).all() and (_xchg_state(s2)[1] == 0).all()
 
 
 @pytest.mark.gpu
@@ -670,6 +778,12 @@ def test_cuda_params_mirror_and_constants_match_the_headers():
     assert struct_fields(src, "HcPrenormParams") == [f[0] for f in HcPrenormParams._fields_]
     assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_N (\d+)", src).group(1)) == hp._CUDA_MAX_N
     assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_SUB (\d+)", src).group(1)) == hp._CUDA_MAX_SUB
+    rows = int(re.search(r"#define DSV4_HC_PRENORM_XCHG_ROWS (\d+)", src).group(1))
+    head = int(re.search(r"#define DSV4_HC_PRENORM_XCHG_HEADER_BYTES (\d+)", src).group(1))
+    assert rows == hp.XCHG_MAX_M and head == 2 * rows * 4   # uint32 epochs [rows], tickets [rows]
+    assert re.search(r"#define DSV4_HC_PRENORM_XCHG_BYTES \\\n\s*\(DSV4_HC_PRENORM_XCHG_HEADER_BYTES \+ "
+                     r"DSV4_HC_PRENORM_XCHG_ROWS \* DSV4_HC_PRENORM_MAX_SUB \* 25 \* 8\)", src), "layout changed"
+    assert hp._XCHG_BYTES == head + rows * hp._CUDA_MAX_SUB * (hp._CUDA_MAX_N + 1) * 8
     kern = open(os.path.join(ROOT, "csrc", "hc_prenorm", "kernel.cuh")).read()
     assert int(re.search(r"constexpr int kRows = (\d+);", kern).group(1)) == hp._CUDA_ROWS
     assert int(re.search(r"constexpr int kChunk = (\d+);", kern).group(1)) == hp._CUDA_CHUNK
@@ -724,6 +838,23 @@ def test_small_rows_rule():
                 groups = S * P
                 assert groups * -(-m // r) <= 2 * sms or r == hp._SMALL_ROWS[-1], (sms, S, m, r)
                 assert r == 1 or groups * -(-m // (r // 2)) > 2 * sms, (sms, S, m, r)
+
+
+def test_decode_rows_exchange_takes_one_row_per_block(monkeypatch):
+    """num_splits None at m <= XCHG_AUTO_MAX_M (sub-slices summed by the exchange): one row per block; everywhere
+    else (the caller's splits, more rows, the exchange switched off) the small_rows rule."""
+    assert hp.XCHG_AUTO_MAX_M <= hp.XCHG_MAX_M
+    for sms in (132, 170, 188):
+        for m in range(1, 65):
+            rule = hp.small_rows(m, 16384, 1, sms)
+            xchg = m <= hp.XCHG_AUTO_MAX_M
+            assert hp.exchange_enabled(m) == xchg
+            assert hp.decode_rows(m, 16384, 1, sms, 24, hp.exchange_enabled(m)) == (1 if xchg else rule), (sms, m)
+            assert hp.decode_rows(m, 16384, 1, sms, 24, False) == rule
+            assert hp.decode_rows(m, 16384, 64, sms) == hp.small_rows(m, 16384, 64, sms)   # no sub-slices
+    assert hp.exchange_enabled(40, {"xchg": True}) and not hp.exchange_enabled(1, {"xchg": False})
+    monkeypatch.setenv("DSV4_HC_PRENORM_XCHG", "0")
+    assert not hp.exchange_enabled(1) and hp.exchange_enabled(1, {"xchg": True})
 
 
 def test_small_sub_splits():
@@ -851,6 +982,8 @@ def _fuzz_call(seed):
         cfg = {"p": r.randint(1, 64)}
     elif impl == "cuda" and m <= 128 and r.random() < 0.4:   # the few-rows kernel forced, any rows per block
         cfg = {"small_rows": r.choice(hp._SMALL_ROWS)}
+        xr = random.Random(seed * 7 + 1)   # (own generator: the other draws stay those of before)
+        cfg.update(xr.choice([{}, {"xchg": False}, {"xchg": True}]))
     desc = (f"seed {seed}: m={m} K={K} n={n} num_splits={num_splits} impl={impl} cfg={cfg} tf32={tf32} "
             f"x_stride={tuple(x.stride())} fn_stride={tuple(fn.stride())} out={tuple(out.shape)}{tuple(out.stride())} "
             f"sq={tuple(sq.shape)}{tuple(sq.stride())} sms={sms}")
@@ -888,6 +1021,8 @@ def test_gpu_fuzz(monkeypatch, seed):
         torch.as_strided(mask, view.shape, view.stride(), view.storage_offset()).fill_(False)
         assert big[mask].isnan().all(), f"wrote outside the {tuple(view.shape)} view: {desc}"
     assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values()), f"counters not reset: {desc}"
+    assert all(int(b.view(torch.int32)[64:128].abs().sum()) == 0 for b in hp._XCHG.values()), \
+        f"exchange tickets not reset: {desc}"
     if seed % 3 == 0:   # every third call also replayed from a CUDA graph: the same bits (fixed summation order)
         eo, es = out.clone(), sq.clone()
         replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl=impl, _config=cfg),

@@ -6,6 +6,21 @@ namespace dsv4 {
 
 static PdlSwitch g_hc_pdl("DSV4_HC_PRENORM_PDL");   // "0": plain launches (same switch as the Triton path)
 
+// the few-rows kernel's instances by rows per block R = small_rows: <x rows per lane, fn rows per lane, row
+// groups, columns per lane and round>, with or without the in-launch sum of the sub-slices (kXchg)
+template <bool kXchg>
+static cudaError_t launch_small(const HcPrenormParams& q, dim3 grid, bool pdl, cudaStream_t stream) {
+  using namespace hcs;
+  switch (q.small_rows) {
+    case 1: return launch_kernel(hc_prenorm_small_kernel<1, 3, 1, 2, kXchg>, grid, kThreads, 0, pdl, stream, q);
+    case 2: return launch_kernel(hc_prenorm_small_kernel<1, 3, 2, 4, kXchg>, grid, kThreads, 0, pdl, stream, q);
+    case 4: return launch_kernel(hc_prenorm_small_kernel<1, 3, 4, 4, kXchg>, grid, kThreads, 0, pdl, stream, q);
+    case 8: return launch_kernel(hc_prenorm_small_kernel<2, 3, 4, 4, kXchg>, grid, kThreads, 0, pdl, stream, q);
+    case 16: return launch_kernel(hc_prenorm_small_kernel<4, 3, 4, 4, kXchg>, grid, kThreads, 0, pdl, stream, q);
+    default: return cudaErrorInvalidValue;   // api.cu refuses it by name first
+  }
+}
+
 cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
   using namespace hcp;
   bool pdl = false;
@@ -30,29 +45,25 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
                          stream, p);
   };
   if (p.small_rows > 0) {
-    // the few-rows kernel (kernel_small.cuh), R = small_rows x rows per block: <x rows per lane, fn rows per
-    // lane, row groups, columns per lane and round>, two blocks per SM (<= 128 registers). A 256-wide split
+    // the few-rows kernel (kernel_small.cuh), R = small_rows x rows per block (instances: launch_small), two
+    // blocks per SM (<= 128 registers). A 256-wide split
     // (SGLang's 64 splits of K = 16384) is one round of loads up to R = 2, two rounds from R = 4 (one round
     // there needs > 128 registers, one block per SM: H100 run 17, 3 % faster at m = 16, 11-44 % slower at
     // m = 32-64). H100, run 16: the 16-row block as 8 x 3 / 4 x 6 / 2 x 3 per lane, or a 32-row block, was
     // 10-90 % slower at m = 16-64; run 17: 8 x 3 x 2 row groups the same as 4 x 3 x 4 or up to 4 % slower.
-    // P > 1 (one caller split, api.cu): the kernel sees the P sub-slices as P splits of the workspace
+    // P > 1 (one caller split, api.cu): the kernel sees the P sub-slices as P splits of the workspace.
+    // With an exchange buffer (p.xchg) the sub-slices' partials are summed in the launch (kernel_small.cuh,
+    // xchg_consume) and written to the caller's out / sqrsum: no workspace, no reduce grid.
+    const bool xchg = p.sub_splits > 1 && p.xchg != nullptr;
     HcPrenormParams q = p;
     if (p.sub_splits > 1) {
-      q = to_workspace();
+      if (!xchg) q = to_workspace();
       q.num_splits = p.sub_splits;
       q.sub_splits = 1;
     }
     const dim3 grid((unsigned)q.num_splits, (unsigned)((p.m + p.small_rows - 1) / p.small_rows));
-    switch (p.small_rows) {
-      case 1: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 1, 2>, grid, hcs::kThreads, 0, pdl, stream, q); break;
-      case 2: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 2, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
-      case 4: e = launch_kernel(hcs::hc_prenorm_small_kernel<1, 3, 4, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
-      case 8: e = launch_kernel(hcs::hc_prenorm_small_kernel<2, 3, 4, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
-      case 16: e = launch_kernel(hcs::hc_prenorm_small_kernel<4, 3, 4, 4>, grid, hcs::kThreads, 0, pdl, stream, q); break;
-      default: return cudaErrorInvalidValue;   // api.cu refuses it by name first
-    }
-    if (e != cudaSuccess || p.sub_splits == 1) return e;
+    e = xchg ? launch_small<true>(q, grid, pdl, stream) : launch_small<false>(q, grid, pdl, stream);
+    if (e != cudaSuccess || p.sub_splits == 1 || xchg) return e;
     return reduce();
   }
   const unsigned m_tiles = (unsigned)((p.m + kRows - 1) / kRows);

@@ -18,7 +18,8 @@
 // be empty (more splits than 64-wide blocks): its partials are written as 0, as DeepGEMM's. With one split
 // (num_splits None: SGLang's hc_pre DeepGEMM branch, docs/hc_prenorm.md section 5) the launcher runs it on P
 // splits of <= 256 into the workspace (DeepGEMM's partition into P splits is the partition of one split into P
-// sub-slices) and hc_prenorm_reduce_kernel (kernel.cuh) sums them, as for the MMA kernel's fast instance.
+// sub-slices) and hc_prenorm_reduce_kernel (kernel.cuh) sums them, as for the MMA kernel's fast instance, or, with
+// an exchange buffer (p.xchg, kXchg), the kernel sums them itself (see xchg_consume): no second grid.
 #pragma once
 #include <cuda_bf16.h>
 #include <type_traits>
@@ -34,6 +35,108 @@ constexpr int kThreads = 256;
 // m = 16-64 (m = 32: 4.0 against 5.2 us), three spill.
 constexpr int kMinBlocksPerSm = 2;
 constexpr int kKBlock = DSV4_HC_PRENORM_KBLOCK;   // DeepGEMM's split granularity (params.h)
+
+// ---- the exchange (kXchg): num_splits None's P sub-slice partials summed inside the launch.
+// Why: the reduce grid's kernel boundary costs ~2.1 us at m <= 63 (docs/hc_prenorm.md run 17), and the hand-off
+// measured before (run 17 call 4: stores, a fence, a counter, the last block loads) ~2.5 us: three dependent L2
+// round trips after the last store. Here each partial carries the call's tag in the same 8-byte word (value bits
+// low, tag high; one single-copy-atomic store), so a reader needs no fence and no counter after the stores: it
+// loads the words and re-loads any whose tag is not yet this call's.
+//   * Who sums: every block takes a ticket of its row block at its start (one relaxed atomic, its result used
+//     only at the end); the block that draws the last ticket (P - 1) sums the row block's P partials. Every other
+//     block of the row block has then started, and no block waits for anything but that one's partials, so the
+//     wait always ends (no assumption on the order or co-residency of blocks). It resets the ticket to 0.
+//   * Tags: epochs[r] counts the calls that covered row r; a call tags row r's words epochs[r] + 1 and its summing
+//     block stores that back into epochs[r] after reading them. Every block reads epochs[r] before it stores a
+//     word of row r and the summing block writes it only after it has seen every word, so all blocks of a call
+//     use one tag per row; a word left from an earlier call holds a smaller tag (words are addressed by row,
+//     sub-slice and value, not by row block, so changing R between calls changes nothing), until the 32-bit tag
+//     wraps (2^32 calls of one row) with a word not written since (only if the sub-slice count changes: a fixed
+//     K writes every word of each row it covers on every call).
+//   * Order: word (r, s, v) of sub-slice s; value v = chain sums s = c, c + 8, ... (c < 8) from 0, then the
+//     eight chains in order: the reduce grid's order (hc_prenorm_reduce_kernel), so both give the same bits.
+constexpr int kXVals = DSV4_HC_PRENORM_MAX_N + 1;    // 24 fn rows and the square-sum per (row, sub-slice)
+constexpr int kXChains = 8;                          // hcp::kRedWarps: the reduce grid's partial sums per value
+
+__device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* a) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long* a) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_u64(unsigned long long* a, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" ::"l"(a), "l"(v) : "memory");
+}
+
+struct Xchg {   // views of p.xchg (params.h)
+  uint32_t* epochs;
+  uint32_t* tickets;
+  unsigned long long* words;
+  __device__ __forceinline__ explicit Xchg(void* base)
+      : epochs((uint32_t*)base), tickets((uint32_t*)base + DSV4_HC_PRENORM_XCHG_ROWS),
+        words((unsigned long long*)((char*)base + DSV4_HC_PRENORM_XCHG_HEADER_BYTES)) {}
+  __device__ __forceinline__ unsigned long long* word(int64_t r, int s, int v) const {
+    return words + (r * DSV4_HC_PRENORM_MAX_SUB + s) * kXVals + v;
+  }
+};
+
+// The summing block of row block blockIdx.y (kR rows, P = p.num_splits sub-slices): waits for and sums the P tagged
+// partials of each of its values, writes out / sqrsum (the caller's [m, 24] / [m]), then readies the epochs and
+// the ticket for the next call. Units (chain c, row, value) with the value fastest: consecutive threads read
+// consecutive words. A unit's <= 8 words are loaded at once, then the untagged ones re-loaded together until all
+// are tagged (a word that never comes would be a bug: after ~2^26 rounds the kernel traps instead of hanging the
+// stream).
+template <int kR>
+__device__ __forceinline__ void xchg_consume(const HcPrenormParams& p, const Xchg& xc) {
+  static_assert(DSV4_HC_PRENORM_MAX_SUB <= 8 * kXChains, "a unit's words fit its 8 registers");
+  __shared__ float part[kXChains][kR * kXVals];
+  const int tid = threadIdx.x, P = (int)p.num_splits;
+  const int64_t rbase = (int64_t)blockIdx.y * kR;
+  const int nr = (int)min((int64_t)kR, p.m - rbase), nv = nr * kXVals;
+  for (int u = tid; u < nv * kXChains; u += kThreads) {
+    const int c = u / nv, i = u - c * nv, rr = i / kXVals, v = i - rr * kXVals;
+    const unsigned long long* src = xc.word(rbase + rr, c, v);
+    unsigned long long w[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = c + kXChains * k < P ? ld_relaxed_u64(src + kXChains * k * kXVals) : 0ull;
+    const uint32_t tag = ld_relaxed_u32(xc.epochs + rbase + rr) + 1u;
+    // every word not yet tagged is re-loaded in the same round (one L2 round trip per round, not one per word)
+    for (uint32_t spins = 0;; ++spins) {
+      bool missing = false;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if (c + kXChains * k < P && (uint32_t)(w[k] >> 32) != tag) {
+          missing = true;
+          w[k] = ld_relaxed_u64(src + kXChains * k * kXVals);
+        }
+      }
+      if (!missing) break;
+      if (spins == (1u << 26)) __trap();
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (c + kXChains * k < P) sum += __uint_as_float((uint32_t)w[k]);
+    part[c][i] = sum;
+  }
+  __syncthreads();   // (also: every thread's epoch loads are done before they are advanced below)
+  for (int i = tid; i < nv; i += kThreads) {
+    float t = part[0][i];
+#pragma unroll
+    for (int c = 1; c < kXChains; ++c) t += part[c][i];
+    const int rr = i / kXVals, v = i - rr * kXVals;
+    const int64_t r = rbase + rr;
+    if (v < DSV4_HC_PRENORM_MAX_N) p.out[r * p.out_stride_m + v * p.out_stride_n] = t;
+    else p.sqrsum[r * p.sq_stride_m] = t;
+  }
+  if (tid < nr)   // this call's tag, for the next call of the stream (read at L2, as above: no stale L1 line)
+    xc.epochs[rbase + tid] = ld_relaxed_u32(xc.epochs + rbase + tid) + 1u;
+  if (tid == 0) xc.tickets[blockIdx.y] = 0u;
+}
 
 // the reduce-scatter's step of offset kOff (see hc_prenorm_small_kernel): values [0, 2h) -> [0, h) while a
 // lane holds more than kVL, then plain butterflies
@@ -64,7 +167,8 @@ __device__ __forceinline__ void halve_steps(float* v, int kt, int& idx0) {
 // other order, whose warps share fn rows; run 17: also with the square-sums spread over the fn-row groups of
 // that order, 2-19 % slower); every lane computes the square-sums (4 FMA per x row and column next to kJ x 4),
 // the fn-row group 0 lanes store them.
-template <int kRT, int kJ, int kTR, int kU>
+// kXchg: P > 1 sub-slices summed in the launch through p.xchg (see xchg_consume) instead of stored as partials.
+template <int kRT, int kJ, int kTR, int kU, bool kXchg = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_kernel(const HcPrenormParams p) {
   constexpr int kJG = DSV4_HC_PRENORM_MAX_N / kJ;    // fn-row groups
   constexpr int kTK = kThreads / (kTR * kJG);        // lanes along K per slot
@@ -131,6 +235,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
       }
   };
   pdl_wait();   // x / fn may come from the previous kernel of the stream
+  // kXchg: the ticket and the epochs of the lane's rows, loaded now and used only after the sums (no wait)
+  uint32_t ticket = 0, epoch[kRT];
+  if constexpr (kXchg) {
+    const Xchg xc(p.xchg);
+    if (tid == 0) ticket = atomicAdd(xc.tickets + blockIdx.y, 1u);
+#pragma unroll
+    for (int rr = 0; rr < kRT; ++rr) epoch[rr] = ld_relaxed_u32(xc.epochs + min(row0 + rr, p.m - 1));
+  }
   // (not unrolled: a round's loads already fill the registers; pipelining two rounds would cost occupancy)
   if ((c1 - c0) % kRound == 0) {   // SGLang's 256-wide splits: whole rounds, no column predicate
 #pragma unroll 1
@@ -159,6 +271,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
   }
   int idx0 = 0;   // v[i] is the slot's value idx0 + i
   halve_steps<kTK, kV, kVL, kTK / 2>(v, kt, idx0);
+  if constexpr (kXchg) {
+    // each value as one tagged word of (row, sub-slice s, value); then the row block's last ticket sums them
+    const Xchg xc(p.xchg);
+    if (kCopies == 1 || kt % kCopies == 0) {
+#pragma unroll
+      for (int i = 0; i < kVL; ++i) {
+        const int idx = idx0 + i;
+        int rr = -1, val = 0;
+        if (idx < kRT * kJ) {
+          rr = idx / kJ;
+          val = jg * kJ + (idx - rr * kJ);   // < 24 = n (P > 1 needs n = 24)
+        } else if (idx < kV0 && jg == 0) {
+          rr = idx - kRT * kJ;
+          val = DSV4_HC_PRENORM_MAX_N;
+        }
+        uint32_t e = epoch[0];   // epoch[rr] without dynamic indexing (registers, not local memory)
+#pragma unroll
+        for (int q = 1; q < kRT; ++q) e = rr == q ? epoch[q] : e;
+        if (rr >= 0 && row0 + rr < p.m)
+          st_relaxed_u64(xc.word(row0 + rr, s, val),
+                         ((unsigned long long)(e + 1u) << 32) | __float_as_uint(v[i]));
+      }
+    }
+    __shared__ uint32_t last;
+    if (tid == 0) last = ticket == gridDim.x - 1;
+    __syncthreads();
+    if (last) xchg_consume<kRT * kTR>(p, xc);
+    return;
+  }
   if (kCopies > 1 && kt % kCopies != 0) return;   // a copy: another lane stores it
 #pragma unroll
   for (int i = 0; i < kVL; ++i) {

@@ -18,6 +18,13 @@ extern "C" {
 #define DSV4_HC_PRENORM_KBLOCK 64
 // x rows per block of the few-rows kernel (kernel_small.cuh): small_rows is one of 1, 2, 4, 8, 16.
 #define DSV4_HC_PRENORM_SMALL_MAX_ROWS 16
+// The few-rows kernel's exchange buffer (xchg, kernel_small.cuh: the sub-slice partials of num_splits None summed
+// in the launch): uint32 epochs [64 rows], uint32 tickets [64 row blocks], then uint64 tagged partials
+// [64 rows][DSV4_HC_PRENORM_MAX_SUB sub-slices][25 values: 24 fn rows, the square-sum]. Zeroed once by its owner.
+#define DSV4_HC_PRENORM_XCHG_ROWS 64
+#define DSV4_HC_PRENORM_XCHG_HEADER_BYTES 512
+#define DSV4_HC_PRENORM_XCHG_BYTES \
+  (DSV4_HC_PRENORM_XCHG_HEADER_BYTES + DSV4_HC_PRENORM_XCHG_ROWS * DSV4_HC_PRENORM_MAX_SUB * 25 * 8)
 
 typedef struct HcPrenormParams {
   const void* x;          // bf16 [m, K], unit stride along K; rows 16-byte aligned (x_stride % 8 == 0)
@@ -43,6 +50,10 @@ typedef struct HcPrenormParams {
   int64_t small_rows;     // 0: the MMA kernel (kernel.cuh); 1, 2, 4, 8 or 16: the few-rows FMA kernel
                           // (kernel_small.cuh) with this many x rows per block (P > 1: n = 24 and S = 1 only,
                           // no counters used)
+  void* xchg;             // few-rows kernel with P > 1 only (else nullptr): the exchange buffer above
+                          // (DSV4_HC_PRENORM_XCHG_BYTES, 8-byte aligned, zero when first used, then left to the
+                          // kernel), m <= DSV4_HC_PRENORM_XCHG_ROWS; the partials are then summed in the launch
+                          // instead of by the reduce grid (ws unused)
 } HcPrenormParams;
 
 #ifdef __cplusplus

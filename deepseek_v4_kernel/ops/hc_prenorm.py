@@ -46,6 +46,9 @@ FMA, one block per (256-wide split or sub-slice, 1-16 rows) (``small_rows``, ``s
 per SM, the loads of a round issued at once; with SGLang's own 64 splits no workspace and no second grid. H100
 with SGLang's splits (run 17): m = 1 / 8 / 16 / 32 / 64 in 2.2 / 2.7 / 3.4 / 4.0 / 5.1 us (Triton 4.6 / 5.1 / 5.4 /
 7.1 / 8.4; the Triton FMA variant above had one program per 16-row tile and split and lost to its MMA kernel).
+With num_splits None (one wide split) it runs 64 sub-slices whose partials are summed by the exchange inside its
+own launch at m <= 8 (run 18: tagged partials, the row block's last block to start sums them; 3.3 / 4.5 us at
+m = 1 / 8), by a second (reduce) grid from m = 9 (``decode_rows``, ``exchange_enabled``).
 """
 from __future__ import annotations
 
@@ -315,6 +318,41 @@ def _counters(device: torch.device):
     return buf
 
 
+# The few-rows kernel's exchange buffer (csrc/hc_prenorm/params.h DSV4_HC_PRENORM_XCHG_*): uint32 epochs [64],
+# uint32 tickets [64], then uint64 tagged partials [64 rows][64 sub-slices][25]; one per (device, stream), zeroed
+# once and then kept consistent by the kernel (kernel_small.cuh xchg_consume), so graph replays need no memset.
+_XCHG: dict = {}
+_XCHG_BYTES = 512 + 64 * 64 * 25 * 8
+XCHG_MAX_M = 64        # DSV4_HC_PRENORM_XCHG_ROWS
+
+
+def _exchange(device: torch.device):
+    """The zeroed exchange buffer of (device, current stream), or None while a graph is being captured and
+    none exists yet (it cannot be zeroed eagerly then): the call then takes the reduce grid instead (the same
+    sum order, so the same bits)."""
+    key = _stream_key(device)
+    buf = _XCHG.get(key)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = torch.zeros(_XCHG_BYTES // 8, dtype=torch.int64, device=device)
+        _XCHG[key] = buf
+    return buf
+
+
+XCHG_AUTO_MAX_M = 8    # rows up to which the exchange (with one row per block) beats the reduce grid: its summing
+                       # block reads R x 64 x 25 words alone (H100 run 18)
+
+
+def exchange_enabled(m: int, _config=None) -> bool:
+    """Whether num_splits None's sub-slices (few-rows kernel) are summed inside the kernel's launch (the exchange;
+    then with one row per block unless ``small_rows`` is forced) rather than by a second (reduce) grid:
+    ``_config["xchg"]`` if given; else never with env DSV4_HC_PRENORM_XCHG=0; else for m <= XCHG_AUTO_MAX_M."""
+    if _config is not None and "xchg" in _config:
+        return bool(_config["xchg"])
+    return os.environ.get("DSV4_HC_PRENORM_XCHG", "1") != "0" and m <= XCHG_AUTO_MAX_M
+
+
 def _workspace(device: torch.device, numel: int, dtype=torch.float32) -> torch.Tensor:
     """Scratch (fp32 partials; bf16 for the pre-split fn planes), persistent per (device, stream, dtype)
     and grown in powers of two outside graph capture (ops/_workspace.scratch)."""
@@ -566,8 +604,8 @@ def cuda_unsupported(x, fn, S: int):
 # no shared memory, one or two rounds of loads per 256 K values, two blocks per SM): decode calls,
 # m <= SMALL_MAX_M. SGLang's own splits (64 at m <= 64) are 256 wide: one block each. One wide split (num_splits
 # None: SGLang's hc_pre DeepGEMM branch, docs/hc_prenorm.md section 5) is cut into P sub-slices of <= 256 whose
-# partials a second small grid sums (n = 24 only, the reduce grid's layout); other splits of up to
-# SMALL_MAX_SPLIT_K take more rounds.
+# partials the exchange (m <= XCHG_AUTO_MAX_M) or a second small grid sums (n = 24 only, the reduce grid's
+# layout); other splits of up to SMALL_MAX_SPLIT_K take more rounds.
 SMALL_MAX_M = 64
 SMALL_SUB_MAX_M = 63   # with sub-slices: at m = 64 the MMA kernel's 64-row tile is faster (H100, num_splits None:
                        # 6.7 vs 7.9-8.3 us in run 16; run 17: 6.8 at m = 64 against the few-rows kernel's 7.1 at 63)
@@ -608,6 +646,16 @@ def small_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N) -> in
         if blocks * triton.cdiv(m, r) <= _SMALL_BLOCKS_PER_SM * num_sms:
             return r
     return _SMALL_ROWS[-1]
+
+
+def decode_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N, xchg: bool = True) -> int:
+    """R of a call the few-rows kernel takes (0: it does not): small_rows, except one row per block where the
+    sub-slices are summed by the exchange at m <= XCHG_AUTO_MAX_M (its summing block reads R x 64 x 25 words;
+    H100 run 18: m = 8 in 4.5 us with R = 1, 4.75 with the rule's R = 2)."""
+    R = small_rows(m, K, S, num_sms, n)
+    if R and xchg and m <= XCHG_AUTO_MAX_M and small_sub_splits(K, S, n) > 1:
+        return 1
+    return R
 
 
 def cuda_sub_splits(m: int, K: int, S: int, num_sms: int) -> int:
@@ -652,19 +700,24 @@ def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
     return "triton"
 
 
-def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0):
+def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False):
     """One launch of csrc/hc_prenorm on the current stream (no host sync; the workspace and counters are
-    the persistent per-stream buffers of the Triton path, sized by shapes only)."""
+    the persistent per-stream buffers of the Triton path, sized by shapes only). ``xchg``: the few-rows
+    kernel's sub-slices (R > 0, P > 1) are summed in its launch through the exchange buffer where one exists."""
     from deepseek_v4_kernel._ext import HcPrenormParams, load
 
     dev = x.device
-    cnt = None
+    cnt = xbuf = None
     if P > 1 and not R:   # the MMA kernel's general instance hands off through counters
         cnt = _counters(dev)
         if cnt is None:  # capturing a graph before any eager call on this stream
             P = 1
+    if P > 1 and R and xchg and m <= XCHG_MAX_M:
+        xbuf = _exchange(dev)   # None: capturing before any eager call on this stream -> the reduce grid
     p = HcPrenormParams()
-    if P > 1:
+    if xbuf is not None:
+        p.xchg = xbuf.data_ptr()
+    elif P > 1:
         p.ws = _workspace(dev, S * triton.cdiv(m, _CUDA_ROWS) * P * _CUDA_OUT).data_ptr()
         if cnt is not None:
             p.counters = cnt.data_ptr()
@@ -679,10 +732,11 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0):
     if rc != 0:
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
     global last_launch
-    last_launch = ("cuda", P, R)
+    last_launch = ("cuda", P, R, xbuf is not None)
 
 
-last_launch = None  # ("cuda", P, R) (R > 0: the few-rows kernel) or ("triton", cfg) of the latest call (tests, bench)
+last_launch = None  # ("cuda", P, R, exchange used) (R > 0: the few-rows kernel) or ("triton", cfg) of the latest call
+                    # (tests, bench)
 
 
 @on_input_device
@@ -691,7 +745,7 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
 
     ``impl``: "auto" / "triton" / "cuda" (pick_impl). ``_config`` (dict, optional) overrides the Triton
     tile choice (bench sweeps only); with impl "cuda" only its ``p`` (the sub-split count) and ``small_rows``
-    (the few-rows kernel's rows per block; 0: the MMA kernel) are read."""
+    (the few-rows kernel's rows per block; 0: the MMA kernel) and ``xchg`` (exchange_enabled) are read."""
     m, K, n, S = _check(x, fn, out, sqrsum, num_splits)
     if m == 0:
         return None
@@ -701,12 +755,13 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
     if pick_impl(x, fn, S, impl, _config) == "cuda":
         num_sms = sm_count(dev)
         R = (_config or {}).get("small_rows")
+        xchg = exchange_enabled(m, _config)
         if R is None:   # a forced sub-split count p means the MMA kernel
-            R = 0 if (_config or {}).get("p") else small_rows(m, K, S, num_sms, n)
+            R = 0 if (_config or {}).get("p") else decode_rows(m, K, S, num_sms, n, xchg)
         elif R and (R not in _SMALL_ROWS or triton.cdiv(m, R) > 65535 or (_config or {}).get("p") is not None):
             raise _fail("_config small_rows", f"0 or one of {_SMALL_ROWS} (without p, and ceil(m / R) <= 65535)", R)
         if R:   # forced onto a shape the rule does not take: whole splits, however wide (correct, slow)
-            _cuda_gemm(x, fn, out3, sq2, m, K, n, S, small_sub_splits(K, S, n) or 1, R)
+            _cuda_gemm(x, fn, out3, sq2, m, K, n, S, small_sub_splits(K, S, n) or 1, R, xchg)
             return None
         P = (_config or {}).get("p") or cuda_sub_splits(m, K, S, num_sms)
         groups = triton.cdiv(m, _CUDA_ROWS) * S
