@@ -77,8 +77,8 @@ def check_indexer_logits(device: str = "cuda") -> str:
 
 def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
     """Decode-sized calls with the caller's splits (SGLang's 64: the compiled few-rows kernel; 4: the Triton
-    kernel) and without (hc_pre's num_splits None at m = 3: the few-rows kernel's sub-slices summed in its launch,
-    the exchange), and a prefill-sized one without (the compiled MMA kernel where Triton builds mma.sync, e.g.
+    kernel) and without (hc_pre's num_splits None at m = 1: the whole-K kernel; m = 3: the few-rows kernel's
+    sub-slices summed in its launch, the exchange), and a prefill-sized one without (the compiled MMA kernel where Triton builds mma.sync, e.g.
     SM120; "auto" picks)."""
     import torch
 
@@ -86,7 +86,7 @@ def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
     from .reference.hc_prenorm import hc_prenorm_gemm_ref
 
     parts = []
-    for m, S in ((5, 64), (3, None), (37, 4), (300, None)):
+    for m, S in ((5, 64), (1, None), (3, None), (37, 4), (300, None)):
         n = 24
         x = torch.randn(m, K).to(torch.bfloat16).to(device)
         fn = (torch.randn(n, K) * K ** -0.5).to(device)
@@ -97,7 +97,9 @@ def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
         e, es = _rel(out, ref_out), _rel(sq, ref_sq)
         assert e < 2e-3 and es < 1e-5, (f"m={m}: out rel err {e:.2e} (bound 2e-3, tf32 class), sqrsum {es:.2e} "
                                         f"(bound 1e-5)")
-        how = hp.last_launch[0] + (", exchange" if hp.last_launch[0] == "cuda" and hp.last_launch[3] else "")
+        how = hp.last_launch[0]
+        if how == "cuda":
+            how += ", whole K" if hp.last_launch[2] == "fnrow" else ", exchange" if hp.last_launch[3] else ""
         parts.append(f"m={m} splits={S} ({how}): out rel err {e:.1e}, sqrsum {es:.1e}")
     return f"K={K}: " + "; ".join(parts)
 

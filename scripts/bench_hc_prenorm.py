@@ -128,7 +128,8 @@ def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
             t = time_graph(calls, reps)
             res[label + sfx + "_us"] = t
             res[label + sfx + "_launch"] = str(hp.last_launch[0]) + (
-                (f" small R={hp.last_launch[2]}" if hp.last_launch[2] else f" P={hp.last_launch[1]}")
+                (" fn-row" if hp.last_launch[2] == "fnrow" else
+                 f" small R={hp.last_launch[2]}" if hp.last_launch[2] else f" P={hp.last_launch[1]}")
                 + (" xchg" if hp.last_launch[3] else "") if hp.last_launch[0] == "cuda" else "")
             res[label + "_splits"] = S
             res[label + sfx + "_floor_pct"] = 100 * (per / bw * 1e6) / t
@@ -239,6 +240,8 @@ def small_sweep(ms, bw, n_sms, reps):
                             for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
                 variants += [(f"R={r} reduce", "cuda", {"small_rows": r, "xchg": False})
                              for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
+                if m <= hp.FNROW_MAX_M:
+                    variants += [("fn-row", "cuda", {"fnrow": True})]
             variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
             pick = hp.decode_rows(m, K, S, n_sms, N, hp.exchange_enabled(m))
             tag = "None" if S_arg is None else str(S)
@@ -253,7 +256,10 @@ def small_sweep(ms, bw, n_sms, reps):
                 rec = dict(m=m, S=tag, variant=label, us=t, floor_pct=100 * (per / bw * 1e6) / t,
                            torch_fp32_us=t_torch, x_torch_fp32=t_torch / t, rel_err=err, sq_rel_err=sq_err, ok=ok,
                            picked=cfg is not None and cfg.get("small_rows") == pick and pick > 0
-                           and (S_arg is not None or cfg.get("xchg") == hp.exchange_enabled(m)))
+                           and (S_arg is not None or cfg.get("xchg") == hp.exchange_enabled(m))
+                           and not hp.fnrow_enabled(m, K, S, N))
+                if cfg is not None and cfg.get("fnrow"):   # the whole-K kernel: what auto picks where it applies
+                    rec["picked"] = hp.fnrow_enabled(m, K, S, N)
                 out.append(rec)
                 print(f"{m:4d} {tag:>4} {label:>14} {t:7.2f} {rec['floor_pct']:6.1f} {rec['x_torch_fp32']:9.2f}  "
                       f"{'ok' if ok else 'FAIL'} err/A {err:.1e} sq {sq_err:.1e}"

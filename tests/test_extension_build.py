@@ -96,9 +96,9 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
 
 
 def test_hc_prenorm_resources_sm120a(tmp_path):
-    """The compiled hc_prenorm GEMM, both instances (the general kernel and kFast), and the ten instances of the
+    """The compiled hc_prenorm GEMM, both instances (the general kernel and kFast), the ten instances of the
     few-rows FMA kernel (five rows-per-block, with and without the exchange; no spills, two 256-thread blocks per
-    SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes). The GEMM: one 256-thread block per SM (<= 255 registers), static
+    SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes) and the two of the whole-K kernel. The GEMM: one 256-thread block per SM (<= 255 registers), static
     shared memory only (the warp partials' hand-over, kSmemBytes from the named constants, + the last-block
     flag) within the SM120 limit, no spills (checked in _compile_sm120a).
     The reduce kernel of kFast's P > 1 partials: its warp sums' hand-over (kRedWarps x 32 float4) as static
@@ -110,7 +110,15 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
     gemm = {k: v for k, v in seen.items() if "hc_prenorm_kernel" in k}
     reduce = {k: v for k, v in seen.items() if "hc_prenorm_reduce_kernel" in k}
     small = {k: v for k, v in seen.items() if "hc_prenorm_small_kernel" in k}
-    assert len(gemm) == 2 and len(reduce) == 1 and len(small) == 10 and len(seen) == 13, list(seen)
+    fnrow = {k: v for k, v in seen.items() if "hc_prenorm_fnrow_kernel" in k}
+    assert len(gemm) == 2 and len(reduce) == 1 and len(small) == 10 and len(fnrow) == 2 and len(seen) == 15, list(seen)
+    # the whole-K kernel, one instance per x-row count kM = 1, 2: one 1024-thread block (<= 64 registers), the 32 warp
+    # sums of kM dot products and kM square-sums as static shared memory
+    assert _named_constants("hc_prenorm/kernel_small.cuh")["kRowThreads"] == 1024
+    for name, (regs, static_smem) in fnrow.items():
+        km = int(re.search(r"fnrow_kernelILi(\d+)E", name).group(1))
+        assert regs <= 64 and static_smem == 32 * 2 * km * 4, (name, regs, static_smem)
+    assert sorted(int(re.search(r"fnrow_kernelILi(\d+)E", k).group(1)) for k in fnrow) == [1, 2]
     # the few-rows kernel (kernel_small.cuh), one instance per rows-per-block R, without and with the exchange
     # (template flag kXchg, mangled "Lb0" / "Lb1"): the registers of kMinBlocksPerSm 256-thread blocks per SM (the
     # launch rule, hc_prenorm.small_rows, counts on it); no shared memory without the exchange, and with it the

@@ -290,20 +290,27 @@ def test_gpu_cuda_kernel(m, K, n, num_splits, p):
 def test_gpu_small_kernel(m, K, n, num_splits, rows):
     x, fn = _inputs(m, K, n=n, device="cuda", seed=m + K + n + 1)
     S = num_splits or 1
+    cfg = None if rows is None else {"small_rows": rows}
     want = rows or hp.decode_rows(m, K, S, hp.sm_count(x.device), n, hp.exchange_enabled(m))
     P = hp.small_sub_splits(K, S, n) or 1
     assert want in hp._SMALL_ROWS
+    fnrow = hp.fnrow_enabled(m, K, S, n, cfg)   # "auto" at m <= FNROW_AUTO_MAX_M with one split: the whole-K kernel
+    expect = ("cuda", 1, "fnrow", False) if fnrow else ("cuda", P, want, P > 1 and hp.exchange_enabled(m))
     out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
-    hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=None if rows is None else {"small_rows": rows})
+    hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
     torch.cuda.synchronize()
-    xchg = P > 1 and m <= hp.XCHG_MAX_M and hp.exchange_enabled(m)   # sub-slices summed in the launch
-    assert hp.last_launch == ("cuda", P, want, xchg)
+    assert hp.last_launch == expect
     _check(x, fn, out, sq, num_splits)
     if rows is None and num_splits in (64, None):   # what SGLang's decode gets under impl "auto"
         out2, sq2 = _poisoned(m, n, S, "cuda", flat=num_splits is None)
         hp.tf32_hc_prenorm_gemm(x, fn, out2, sq2, num_splits)
-        assert hp.last_launch == ("cuda", P, want, xchg)
+        assert hp.last_launch == expect
         assert torch.equal(out2, out) and torch.equal(sq2, sq)
+    if fnrow:   # the sub-slices instead (forced rows per block): another sum order, checked against float64 alone
+        out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
+        hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config={"small_rows": want})
+        torch.cuda.synchronize()
+        _check(x, fn, out, sq, num_splits)
     if P > 1:   # the exchange and the reduce grid: one sum order, one result
         for cfg in ({"xchg": True}, {"xchg": False}):
             out3, sq3 = _poisoned(m, n, S, "cuda", flat=num_splits is None)
@@ -553,6 +560,58 @@ def test_gpu_small_kernel_first_call_inside_capture(monkeypatch):
     assert torch.equal(out2, out) and torch.equal(sq2, sq)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, K, n, num_splits", [
+    (1, 16384, 24, None), (2, 16384, 24, None), (1, 16384, 24, 1), (2, 16416, 24, None), (2, 1000, 13, None),
+    (1, 8, 1, 1), (2, 8, 24, None), (1, 4104, 24, None), (2, 65536, 7, 1),
+])
+def test_gpu_fnrow_kernel(m, K, n, num_splits):
+    """The whole-K kernel (one block per fn row, no partials) against float64: odd K (K % 4096 != 0: the last
+    round's predicated loads; K = 8: one float4 per row), fewer fn rows, 2-D and 3-D out (num_splits None / 1), a
+    strided out and sqrsum inside NaN-filled tensors whose margins must stay NaN, graph replay = eager bits."""
+    x, fn = _inputs(m, K, n=n, device="cuda", seed=7 * m + K + n)
+    S = 1
+    cfg = {"fnrow": True}
+    if num_splits is None:
+        big = torch.full((m, n + 5), float("nan"), device="cuda")
+        out = big[:, 2:2 + n]
+        sbig = torch.full((m, 3), float("nan"), device="cuda")
+        sq = sbig[:, 1]
+        margins = lambda: bool(big[:, :2].isnan().all() and big[:, 2 + n:].isnan().all()
+                               and sbig[:, 0].isnan().all() and sbig[:, 2].isnan().all())
+    else:
+        out, sq, margins = _strided_out(S, m, 3, n=n)
+    hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
+    torch.cuda.synchronize()
+    assert hp.last_launch == ("cuda", 1, "fnrow", False)
+    _check(x, fn, out, sq, num_splits)
+    assert margins(), "wrote outside out / sqrsum"
+    eo, es = out.clone(), sq.clone()
+    replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg),
+                       lambda _: (out, sq))
+    assert torch.equal(out, eo) and torch.equal(sq, es)
+    if hp.fnrow_enabled(m, K, S, n):   # and what "auto" gives there
+        out2, sq2 = torch.full_like(out, float("nan")), torch.full_like(sq, float("nan"))
+        hp.hc_prenorm_gemm(x, fn, out2, sq2, num_splits)
+        torch.cuda.synchronize()
+        assert hp.last_launch == ("cuda", 1, "fnrow", False) and torch.equal(out2, eo) and torch.equal(sq2, es)
+
+
+@pytest.mark.gpu
+def test_gpu_fnrow_refuses_by_name():
+    """_config fnrow where the whole-K kernel cannot go: too many rows, several splits, a forced path besides."""
+    x, fn = _inputs(3, 16384, device="cuda", seed=3)
+    o, q = _poisoned(3, 24, 1, "cuda", flat=True)
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config fnrow "):
+        hp.hc_prenorm_gemm(x, fn, o, q, None, impl="cuda", _config={"fnrow": True})
+    o, q = _poisoned(2, 24, 2, "cuda")
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config fnrow "):
+        hp.hc_prenorm_gemm(x[:2], fn, o, q, 2, impl="cuda", _config={"fnrow": True})
+    o, q = _poisoned(2, 24, 1, "cuda", flat=True)
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config fnrow "):
+        hp.hc_prenorm_gemm(x[:2], fn, o, q, None, impl="cuda", _config={"fnrow": True, "small_rows": 1})
+
+
 def _xchg_state(stream=None):
     """(epochs [64], tickets [64]) of the exchange buffer of cuda:0's current (or the given) stream."""
     with torch.cuda.stream(stream or torch.cuda.current_stream()):
@@ -784,6 +843,7 @@ def test_cuda_params_mirror_and_constants_match_the_headers():
     assert re.search(r"#define DSV4_HC_PRENORM_XCHG_BYTES \\\n\s*\(DSV4_HC_PRENORM_XCHG_HEADER_BYTES \+ "
                      r"DSV4_HC_PRENORM_XCHG_ROWS \* DSV4_HC_PRENORM_MAX_SUB \* 25 \* 8\)", src), "layout changed"
     assert hp._XCHG_BYTES == head + rows * hp._CUDA_MAX_SUB * (hp._CUDA_MAX_N + 1) * 8
+    assert int(re.search(r"#define DSV4_HC_PRENORM_FNROW_MAX_M (\d+)", src).group(1)) == hp.FNROW_MAX_M
     kern = open(os.path.join(ROOT, "csrc", "hc_prenorm", "kernel.cuh")).read()
     assert int(re.search(r"constexpr int kRows = (\d+);", kern).group(1)) == hp._CUDA_ROWS
     assert int(re.search(r"constexpr int kChunk = (\d+);", kern).group(1)) == hp._CUDA_CHUNK
@@ -838,6 +898,23 @@ def test_small_rows_rule():
                 groups = S * P
                 assert groups * -(-m // r) <= 2 * sms or r == hp._SMALL_ROWS[-1], (sms, S, m, r)
                 assert r == 1 or groups * -(-m // (r // 2)) > 2 * sms, (sms, S, m, r)
+
+
+def test_fnrow_rule(monkeypatch):
+    """The whole-K kernel under "auto": one split, m <= FNROW_AUTO_MAX_M, where the few-rows kernel would take the
+    call; never when a config picks another path or DSV4_HC_PRENORM_FNROW=0; _config fnrow decides alone."""
+    assert 1 <= hp.FNROW_AUTO_MAX_M <= hp.FNROW_MAX_M
+    for m in range(1, 10):
+        for S in (1, 2, 64):
+            want = m <= hp.FNROW_AUTO_MAX_M and S == 1
+            assert hp.fnrow_enabled(m, 16384, S, 24) == want, (m, S)
+            assert hp.fnrow_applies(m, 16384, S, 24) == (m <= hp.FNROW_MAX_M and S == 1)
+            for cfg in ({"small_rows": 1}, {"p": 2}, {"xchg": True}, {"xchg": False}):
+                assert not hp.fnrow_enabled(m, 16384, S, 24, cfg)
+            assert hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": True}) and not hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": False})
+    assert not hp.fnrow_applies(1, 16384, 1, 25) and not hp.fnrow_applies(1, 1 << 30, 1, 24)
+    monkeypatch.setenv("DSV4_HC_PRENORM_FNROW", "0")
+    assert not hp.fnrow_enabled(1, 16384, 1, 24) and hp.fnrow_enabled(1, 16384, 1, 24, {"fnrow": True})
 
 
 def test_decode_rows_exchange_takes_one_row_per_block(monkeypatch):
@@ -980,6 +1057,8 @@ def _fuzz_call(seed):
     cfg = None
     if impl == "cuda" and r.random() < 0.3:
         cfg = {"p": r.randint(1, 64)}
+    elif impl == "cuda" and 1 <= m <= hp.FNROW_MAX_M and S == 1 and random.Random(seed * 11 + 3).random() < 0.3:
+        cfg = {"fnrow": True}   # the whole-K kernel forced (own generator: the other draws stay those of before)
     elif impl == "cuda" and m <= 128 and r.random() < 0.4:   # the few-rows kernel forced, any rows per block
         cfg = {"small_rows": r.choice(hp._SMALL_ROWS)}
         xr = random.Random(seed * 7 + 1)   # (own generator: the other draws stay those of before)

@@ -150,10 +150,10 @@ def test_hc_prenorm_both_kernels_on_the_second_gpu(impl, P, num_splits):
 @pytest.mark.parametrize("m,num_splits", [(1, None), (33, None), (5, 64), (64, 64)])
 @two_gpus
 def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
-    """The decode kernel (kernel_small.cuh) at DeepSeek-V4's K on cuda:1 while cuda:0 is current: SGLang's 64
-    splits, and num_splits None (sub-slice partials summed inside the launch through cuda:1's exchange buffer at
-    m = 1, in the per-stream workspace by the reduce grid at m = 33); eager against float64, then a CUDA graph
-    captured on cuda:1 replays the eager result onto poisoned outputs."""
+    """The decode kernels (kernel_small.cuh) at DeepSeek-V4's K on cuda:1 while cuda:0 is current: SGLang's 64
+    splits, and num_splits None (m = 1: the whole-K kernel; m = 33: sub-slice partials in the per-stream workspace
+    summed by the reduce grid); eager against float64, then a CUDA graph captured on cuda:1 replays the eager
+    result onto poisoned outputs."""
     from fuzz import replay_on_poisoned
     from test_hc_prenorm import _check, _inputs, _poisoned
 
@@ -164,10 +164,10 @@ def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
     out, sq = _poisoned(m, 24, num_splits or 1, OTHER, flat=num_splits is None)
     hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda")
     torch.cuda.synchronize(1)
-    assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0, hp.last_launch   # R > 0: the few-rows kernel
-    assert hp.last_launch[3] == (num_splits is None and m <= hp.XCHG_AUTO_MAX_M), hp.last_launch   # the exchange
-    if hp.last_launch[3]:
-        assert all(b.device == torch.device(OTHER) for k, b in hp._XCHG.items() if k[0] == 1)
+    if hp.fnrow_enabled(m, 16384, num_splits or 1, 24):   # m = 1 one split: the whole-K kernel
+        assert hp.last_launch == ("cuda", 1, "fnrow", False), hp.last_launch
+    else:
+        assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0, hp.last_launch   # R > 0: the few-rows kernel
     assert out.device == torch.device(OTHER) and sq.device == torch.device(OTHER)
     _check(x, fn, out, sq, num_splits)
     e_out, e_sq = out.clone(), sq.clone()
@@ -239,9 +239,10 @@ def test_alternating_gpus_keep_their_own_state():
             m = 3 + 2 * i + rnd   # the few-rows kernel's sub-slices: each GPU's exchange buffer (m <= 8)
             x, fn = _inputs(m, 16384, device=d, seed=50 + rnd * 2 + i)
             out, sq = _poisoned(m, 24, 1, d, flat=True)
-            hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda")
+            hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config={"xchg": True})
             torch.cuda.synchronize(d)
             assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0 and hp.last_launch[3], hp.last_launch
+            assert all(b.device == torch.device(d) for k, b in hp._XCHG.items() if k[0] == torch.device(d).index)
             _check(x, fn, out, sq, None)
             o, l = sd.sparse_decode(**cases[d])
             torch.cuda.synchronize(d)

@@ -44,6 +44,13 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
     return launch_kernel(hc_prenorm_reduce_kernel, dim3((unsigned)((units + 31) / 32)), 32 * kRedWarps, 0, pdl,
                          stream, p);
   };
+  if (p.fn_row_kernel) {   // m <= 2, one split (api.cu): one block per fn row over the whole K
+    // <x rows, float4 columns per thread and round>: <= 64 registers for 1024 threads, no spills (sm_120a / sm_90a).
+    // (m = 3 / 4 instances with two rounds were slower than the exchange: 4.2 / 4.7 against 3.7 us, H100 run 19)
+    const dim3 grid((unsigned)p.n);
+    return p.m == 1 ? launch_kernel(hcs::hc_prenorm_fnrow_kernel<1, 4>, grid, hcs::kRowThreads, 0, pdl, stream, p)
+                    : launch_kernel(hcs::hc_prenorm_fnrow_kernel<2, 4>, grid, hcs::kRowThreads, 0, pdl, stream, p);
+  }
   if (p.small_rows > 0) {
     // the few-rows kernel (kernel_small.cuh), R = small_rows x rows per block (instances: launch_small), two
     // blocks per SM (<= 128 registers). A 256-wide split

@@ -315,5 +315,69 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
   }
 }
 
+// ---- the whole-K kernel for m <= 2 rows and one split (num_splits None at decode): one 1024-thread block per fn
+// row j streams that row (64 KB at K = 16384) and the kM x rows over the whole K, so no partial leaves the block
+// and no second grid or hand-off is needed; the price is one SM per fn row (24 SMs) reading 64 + kM x 32 KB each
+// (docs/hc_prenorm.md run 19). kU float4 columns per thread and round: a round's loads are all issued first.
+// Block sum: shuffles, then the 32 warp sums in warp order (deterministic). Block 0 also stores the square-sums.
+constexpr int kRowThreads = 1024;
+template <int kM, int kU>
+__global__ void __launch_bounds__(kRowThreads, 1) hc_prenorm_fnrow_kernel(const HcPrenormParams p) {
+  const int j = blockIdx.x, tid = threadIdx.x, nc = (int)(p.K / 4);
+  const float4* f = (const float4*)(p.fn + (int64_t)j * p.fn_stride);
+  const uint2* xr[kM];
+#pragma unroll
+  for (int r = 0; r < kM; ++r)
+    xr[r] = (const uint2*)((const __nv_bfloat16*)p.x + (int64_t)min(r, (int)p.m - 1) * p.x_stride);
+  float acc[kM], sq[kM];
+#pragma unroll
+  for (int r = 0; r < kM; ++r) acc[r] = sq[r] = 0.f;
+  pdl_wait();
+#pragma unroll 1
+  for (int c0 = 0; c0 < nc; c0 += kRowThreads * kU) {
+    float4 fv[kU];
+    uint2 xv[kU][kM];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = c0 + u * kRowThreads + tid;
+      const bool ok = c < nc;
+      fv[u] = ok ? __ldg(f + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int r = 0; r < kM; ++r) xv[u][r] = ok ? __ldg(xr[r] + c) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int r = 0; r < kM; ++r) {
+        const float x0 = __uint_as_float(xv[u][r].x << 16), x1 = __uint_as_float(xv[u][r].x & 0xffff0000u);
+        const float x2 = __uint_as_float(xv[u][r].y << 16), x3 = __uint_as_float(xv[u][r].y & 0xffff0000u);
+        acc[r] = fmaf(x0, fv[u].x, fmaf(x1, fv[u].y, fmaf(x2, fv[u].z, fmaf(x3, fv[u].w, acc[r]))));
+        sq[r] = fmaf(x0, x0, fmaf(x1, x1, fmaf(x2, x2, fmaf(x3, x3, sq[r]))));
+      }
+  }
+  __shared__ float wsum[kRowThreads / 32][2 * kM];
+#pragma unroll
+  for (int r = 0; r < kM; ++r)
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+      sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], o);
+    }
+  if ((tid & 31) == 0)
+#pragma unroll
+    for (int r = 0; r < kM; ++r) wsum[tid >> 5][r] = acc[r], wsum[tid >> 5][kM + r] = sq[r];
+  __syncthreads();
+  if (tid < 2 * kM) {
+    float t = wsum[0][tid];
+#pragma unroll 4
+    for (int w = 1; w < kRowThreads / 32; ++w) t += wsum[w][tid];
+    const int r = tid % kM;
+    if (r < p.m) {
+      if (tid < kM) p.out[r * p.out_stride_m + j * p.out_stride_n] = t;
+      else if (j == 0) p.sqrsum[r * p.sq_stride_m] = t;
+    }
+  }
+}
+
 }  // namespace hcs
 }  // namespace dsv4

@@ -22,6 +22,8 @@ extern "C" {
 // in the launch): uint32 epochs [64 rows], uint32 tickets [64 row blocks], then uint64 tagged partials
 // [64 rows][DSV4_HC_PRENORM_MAX_SUB sub-slices][25 values: 24 fn rows, the square-sum]. Zeroed once by its owner.
 #define DSV4_HC_PRENORM_XCHG_ROWS 64
+// x rows the whole-K kernel (fn_row_kernel, kernel_small.cuh hc_prenorm_fnrow_kernel) takes at most.
+#define DSV4_HC_PRENORM_FNROW_MAX_M 2
 #define DSV4_HC_PRENORM_XCHG_HEADER_BYTES 512
 #define DSV4_HC_PRENORM_XCHG_BYTES \
   (DSV4_HC_PRENORM_XCHG_HEADER_BYTES + DSV4_HC_PRENORM_XCHG_ROWS * DSV4_HC_PRENORM_MAX_SUB * 25 * 8)
@@ -54,6 +56,9 @@ typedef struct HcPrenormParams {
                           // (DSV4_HC_PRENORM_XCHG_BYTES, 8-byte aligned, zero when first used, then left to the
                           // kernel), m <= DSV4_HC_PRENORM_XCHG_ROWS; the partials are then summed in the launch
                           // instead of by the reduce grid (ws unused)
+  int64_t fn_row_kernel;  // 1: the whole-K kernel (kernel_small.cuh hc_prenorm_fnrow_kernel): one block per fn row,
+                          // m <= DSV4_HC_PRENORM_FNROW_MAX_M, one split, no sub-slices (small_rows 0, no workspace,
+                          // no xchg): no cross-block sum
 } HcPrenormParams;
 
 #ifdef __cplusplus

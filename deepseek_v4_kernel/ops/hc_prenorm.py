@@ -47,8 +47,10 @@ per SM, the loads of a round issued at once; with SGLang's own 64 splits no work
 with SGLang's splits (run 17): m = 1 / 8 / 16 / 32 / 64 in 2.2 / 2.7 / 3.4 / 4.0 / 5.1 us (Triton 4.6 / 5.1 / 5.4 /
 7.1 / 8.4; the Triton FMA variant above had one program per 16-row tile and split and lost to its MMA kernel).
 With num_splits None (one wide split) it runs 64 sub-slices whose partials are summed by the exchange inside its
-own launch at m <= 8 (run 18: tagged partials, the row block's last block to start sums them; 3.3 / 4.5 us at
-m = 1 / 8), by a second (reduce) grid from m = 9 (``decode_rows``, ``exchange_enabled``).
+own launch at m = 3-8 (run 18: tagged partials, the row block's last block to start sums them; 3.7 / 4.5 us at
+m = 4 / 8), by a second (reduce) grid from m = 9 (``decode_rows``, ``exchange_enabled``). At m <= 2 with one split
+the whole-K kernel (run 19: one 1024-thread block per fn row over all of K, no partials; 2.55 / 2.97 us at m = 1 /
+2) takes the call instead (``fnrow_enabled``).
 """
 from __future__ import annotations
 
@@ -648,6 +650,30 @@ def small_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N) -> in
     return _SMALL_ROWS[-1]
 
 
+# The whole-K kernel (kernel_small.cuh hc_prenorm_fnrow_kernel): one 1024-thread block per fn row streams the row
+# and the m <= FNROW_MAX_M x rows over all of K, so one split needs no cross-block sum (run 19).
+FNROW_MAX_M = 2        # DSV4_HC_PRENORM_FNROW_MAX_M
+FNROW_AUTO_MAX_M = 2   # rows up to which "auto" takes it (H100 run 19: m = 1 / 2 2.55 / 2.97 us against the
+                       # exchange's 3.27 / 3.45; m = 3 / 4 instances, since removed, 4.2 / 4.7 against 3.7)
+
+
+def fnrow_applies(m: int, K: int, S: int, n: int) -> bool:
+    """Whether the whole-K kernel can take the call (shape only): 1 <= m <= FNROW_MAX_M, one split, n <= 24."""
+    return 1 <= m <= FNROW_MAX_M and S == 1 and 1 <= n <= _CUDA_MAX_N and K < _SMALL_MAX_K
+
+
+def fnrow_enabled(m: int, K: int, S: int, n: int, _config=None) -> bool:
+    """Whether a call goes to the whole-K kernel: ``_config["fnrow"]`` if given; else not when the config picks
+    another path (``small_rows``, ``p``, ``xchg``) or env DSV4_HC_PRENORM_FNROW=0; else where the few-rows kernel
+    would take the call with one split at m <= FNROW_AUTO_MAX_M."""
+    cfg = _config or {}
+    if "fnrow" in cfg:
+        return bool(cfg["fnrow"])
+    if {"small_rows", "p", "xchg"} & set(cfg) or os.environ.get("DSV4_HC_PRENORM_FNROW", "1") == "0":
+        return False
+    return m <= FNROW_AUTO_MAX_M and fnrow_applies(m, K, S, n) and small_applies(m, K, S, n)
+
+
 def decode_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N, xchg: bool = True) -> int:
     """R of a call the few-rows kernel takes (0: it does not): small_rows, except one row per block where the
     sub-slices are summed by the exchange at m <= XCHG_AUTO_MAX_M (its summing block reads R x 64 x 25 words;
@@ -700,7 +726,7 @@ def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
     return "triton"
 
 
-def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False):
+def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False):
     """One launch of csrc/hc_prenorm on the current stream (no host sync; the workspace and counters are
     the persistent per-stream buffers of the Triton path, sized by shapes only). ``xchg``: the few-rows
     kernel's sub-slices (R > 0, P > 1) are summed in its launch through the exchange buffer where one exists."""
@@ -715,6 +741,7 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False):
     if P > 1 and R and xchg and m <= XCHG_MAX_M:
         xbuf = _exchange(dev)   # None: capturing before any eager call on this stream -> the reduce grid
     p = HcPrenormParams()
+    p.fn_row_kernel = int(fnrow)   # the whole-K kernel (P = 1, R = 0)
     if xbuf is not None:
         p.xchg = xbuf.data_ptr()
     elif P > 1:
@@ -732,11 +759,11 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False):
     if rc != 0:
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
     global last_launch
-    last_launch = ("cuda", P, R, xbuf is not None)
+    last_launch = ("cuda", P, "fnrow" if fnrow else R, xbuf is not None)
 
 
-last_launch = None  # ("cuda", P, R, exchange used) (R > 0: the few-rows kernel) or ("triton", cfg) of the latest call
-                    # (tests, bench)
+last_launch = None  # ("cuda", P, R, exchange used) (R > 0: the few-rows kernel, "fnrow": the whole-K kernel) or
+                    # ("triton", cfg) of the latest call (tests, bench)
 
 
 @on_input_device
@@ -745,7 +772,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
 
     ``impl``: "auto" / "triton" / "cuda" (pick_impl). ``_config`` (dict, optional) overrides the Triton
     tile choice (bench sweeps only); with impl "cuda" only its ``p`` (the sub-split count) and ``small_rows``
-    (the few-rows kernel's rows per block; 0: the MMA kernel) and ``xchg`` (exchange_enabled) are read."""
+    (the few-rows kernel's rows per block; 0: the MMA kernel), ``xchg`` (exchange_enabled) and ``fnrow``
+    (fnrow_enabled) are read."""
     m, K, n, S = _check(x, fn, out, sqrsum, num_splits)
     if m == 0:
         return None
@@ -754,6 +782,12 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
     sq2 = sqrsum if sqrsum.dim() == 2 else sqrsum.unsqueeze(0)
     if pick_impl(x, fn, S, impl, _config) == "cuda":
         num_sms = sm_count(dev)
+        if fnrow_enabled(m, K, S, n, _config):   # one block per fn row over the whole K: no cross-block sum
+            if not fnrow_applies(m, K, S, n) or {"small_rows", "p"} & set(_config or {}):
+                raise _fail("_config fnrow", f"only with m <= {FNROW_MAX_M}, one split, n <= {_CUDA_MAX_N}, K < 2^30 "
+                            "and without small_rows / p", f"m={m} splits={S} n={n} K={K} config={_config}")
+            _cuda_gemm(x, fn, out3, sq2, m, K, n, S, 1, 0, False, True)
+            return None
         R = (_config or {}).get("small_rows")
         xchg = exchange_enabled(m, _config)
         if R is None:   # a forced sub-split count p means the MMA kernel
