@@ -138,6 +138,19 @@ __device__ __forceinline__ void xchg_consume(const HcPrenormParams& p, const Xch
   if (tid == 0) xc.tickets[blockIdx.y] = 0u;
 }
 
+// four bf16 x values (one 8-byte load) as fp32: bf16 -> fp32 is the top half of the fp32 word, one shift or mask
+// per value; and the sums both kernels below take of them: x . f and x . x, fp32 FMA (x exact in fp32)
+__device__ __forceinline__ float4 bf16x4_to_float4(uint2 w) {
+  return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
+                     __uint_as_float(w.y & 0xffff0000u));
+}
+__device__ __forceinline__ float dot4(float4 x, float4 f, float acc) {
+  return fmaf(x.x, f.x, fmaf(x.y, f.y, fmaf(x.z, f.z, fmaf(x.w, f.w, acc))));
+}
+__device__ __forceinline__ float sqr4(float4 x, float acc) {
+  return fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, acc))));
+}
+
 // the reduce-scatter's step of offset kOff (see hc_prenorm_small_kernel): values [0, 2h) -> [0, h) while a
 // lane holds more than kVL, then plain butterflies
 template <int kTK, int kN, int kVL, int kOff>
@@ -223,15 +236,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
     for (int u = 0; u < kU; ++u)
 #pragma unroll
       for (int rr = 0; rr < kRT; ++rr) {
-        // bf16 -> fp32 is the top half of the fp32 word: one shift or mask per value
-        const float x0 = __uint_as_float(xv[u][rr].x << 16), x1 = __uint_as_float(xv[u][rr].x & 0xffff0000u);
-        const float x2 = __uint_as_float(xv[u][rr].y << 16), x3 = __uint_as_float(xv[u][rr].y & 0xffff0000u);
-        sq[rr] = fmaf(x0, x0, fmaf(x1, x1, fmaf(x2, x2, fmaf(x3, x3, sq[rr]))));
+        const float4 xf = bf16x4_to_float4(xv[u][rr]);
+        sq[rr] = sqr4(xf, sq[rr]);
 #pragma unroll
-        for (int jj = 0; jj < kJ; ++jj) {
-          const float4 fv = f[u][jj];
-          acc[rr][jj] = fmaf(x0, fv.x, fmaf(x1, fv.y, fmaf(x2, fv.z, fmaf(x3, fv.w, acc[rr][jj]))));
-        }
+        for (int jj = 0; jj < kJ; ++jj) acc[rr][jj] = dot4(xf, f[u][jj], acc[rr][jj]);
       }
   };
   pdl_wait();   // x / fn may come from the previous kernel of the stream
@@ -349,10 +357,9 @@ __global__ void __launch_bounds__(kRowThreads, 1) hc_prenorm_fnrow_kernel(const 
     for (int u = 0; u < kU; ++u)
 #pragma unroll
       for (int r = 0; r < kM; ++r) {
-        const float x0 = __uint_as_float(xv[u][r].x << 16), x1 = __uint_as_float(xv[u][r].x & 0xffff0000u);
-        const float x2 = __uint_as_float(xv[u][r].y << 16), x3 = __uint_as_float(xv[u][r].y & 0xffff0000u);
-        acc[r] = fmaf(x0, fv[u].x, fmaf(x1, fv[u].y, fmaf(x2, fv[u].z, fmaf(x3, fv[u].w, acc[r]))));
-        sq[r] = fmaf(x0, x0, fmaf(x1, x1, fmaf(x2, x2, fmaf(x3, x3, sq[r]))));
+        const float4 xf = bf16x4_to_float4(xv[u][r]);
+        acc[r] = dot4(xf, fv[u], acc[r]);
+        sq[r] = sqr4(xf, sq[r]);
       }
   }
   __shared__ float wsum[kRowThreads / 32][2 * kM];
