@@ -115,7 +115,8 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
         p->num_splits < 1 || p->sub_splits < 1 || p->sub_splits > DSV4_HC_PRENORM_MAX_SUB ||
         p->num_splits * p->sub_splits > 65535 || p->x_stride % 8 || p->fn_stride % 4 ||
         ((uintptr_t)p->x | (uintptr_t)p->fn) % 16 ||
-        (p->sub_splits > 1 && ((p->ws == nullptr && p->xchg == nullptr) || (p->counters == nullptr && p->small_rows == 0)))) {
+        (p->sub_splits > 1 &&
+         ((p->ws == nullptr && p->xchg == nullptr) || (p->counters == nullptr && p->small_rows == 0)))) {
       snprintf(g_last_error, sizeof(g_last_error),
                "hc_prenorm: bad sizes m=%lld n=%lld K=%lld splits=%lld sub_splits=%lld (expected m >= 1, "
                "1 <= n <= %d, K a positive multiple of 8, 1 <= sub_splits <= %d, splits * sub_splits <= 65535, "
@@ -137,13 +138,14 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
                (long long)p->num_splits, (long long)p->sub_splits);
       return true;
     }
-    if (p->fn_row_kernel != 0 && (p->fn_row_kernel != 1 || p->m > DSV4_HC_PRENORM_FNROW_MAX_M || p->num_splits != 1 || p->sub_splits != 1 ||
-                                  r != 0 || p->xchg != nullptr || p->K >= (1LL << 30))) {
+    if (p->fn_row_kernel != 0 &&
+        (p->fn_row_kernel != 1 || p->m > DSV4_HC_PRENORM_FNROW_MAX_M || p->num_splits != 1 || p->sub_splits != 1 ||
+         r != 0 || p->xchg != nullptr || p->K >= (1LL << 30))) {
       snprintf(g_last_error, sizeof(g_last_error),
-               "hc_prenorm: bad fn_row_kernel=%lld (expected 0, or 1 with m <= %d, one split, sub_splits 1, small_rows 0, "
-               "no xchg, K < 2^30; got m=%lld, splits=%lld, sub_splits=%lld, small_rows=%lld, K=%lld)",
-               (long long)p->fn_row_kernel, DSV4_HC_PRENORM_FNROW_MAX_M, (long long)p->m, (long long)p->num_splits, (long long)p->sub_splits, r,
-               (long long)p->K);
+               "hc_prenorm: bad fn_row_kernel=%lld (expected 0, or 1 with m <= %d, one split, sub_splits 1, "
+               "small_rows 0, no xchg, K < 2^30; got m=%lld, splits=%lld, sub_splits=%lld, small_rows=%lld, K=%lld)",
+               (long long)p->fn_row_kernel, DSV4_HC_PRENORM_FNROW_MAX_M, (long long)p->m, (long long)p->num_splits,
+               (long long)p->sub_splits, r, (long long)p->K);
       return true;
     }
     if (p->xchg != nullptr && (r == 0 || p->sub_splits < 2 || p->m > DSV4_HC_PRENORM_XCHG_ROWS ||

@@ -78,8 +78,8 @@ def check_indexer_logits(device: str = "cuda") -> str:
 def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
     """Decode-sized calls with the caller's splits (SGLang's 64: the compiled few-rows kernel; 4: the Triton
     kernel) and without (hc_pre's num_splits None at m = 1: the whole-K kernel; m = 3: the few-rows kernel's
-    sub-slices summed in its launch, the exchange), and a prefill-sized one without (the compiled MMA kernel where Triton builds mma.sync, e.g.
-    SM120; "auto" picks)."""
+    sub-slices summed in its launch, the exchange), and a prefill-sized one without (the compiled MMA kernel where
+    Triton builds mma.sync, e.g. SM120; "auto" picks)."""
     import torch
 
     from .ops import hc_prenorm as hp

@@ -98,9 +98,10 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
 def test_hc_prenorm_resources_sm120a(tmp_path):
     """The compiled hc_prenorm GEMM, both instances (the general kernel and kFast), the ten instances of the
     few-rows FMA kernel (five rows-per-block, with and without the exchange; no spills, two 256-thread blocks per
-    SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes) and the two of the whole-K kernel. The GEMM: one 256-thread block per SM (<= 255 registers), static
-    shared memory only (the warp partials' hand-over, kSmemBytes from the named constants, + the last-block
-    flag) within the SM120 limit, no spills (checked in _compile_sm120a).
+    SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes) and the two of the whole-K kernel. The GEMM:
+    one 256-thread block per SM (<= 255 registers), static shared memory only (the warp partials' hand-over,
+    kSmemBytes from the named constants, + the last-block flag) within the SM120 limit, no spills (checked in
+    _compile_sm120a).
     The reduce kernel of kFast's P > 1 partials: its warp sums' hand-over (kRedWarps x 32 float4) as static
     shared memory, registers for at least 2 blocks of 32 kRedWarps threads per SM."""
     seen = _compile_sm120a(tmp_path, "hc_prenorm/hc_prenorm.cu")

@@ -911,7 +911,8 @@ def test_fnrow_rule(monkeypatch):
             assert hp.fnrow_applies(m, 16384, S, 24) == (m <= hp.FNROW_MAX_M and S == 1)
             for cfg in ({"small_rows": 1}, {"p": 2}, {"xchg": True}, {"xchg": False}):
                 assert not hp.fnrow_enabled(m, 16384, S, 24, cfg)
-            assert hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": True}) and not hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": False})
+            assert hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": True})
+            assert not hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": False})
     assert not hp.fnrow_applies(1, 16384, 1, 25) and not hp.fnrow_applies(1, 1 << 30, 1, 24)
     monkeypatch.setenv("DSV4_HC_PRENORM_FNROW", "0")
     assert not hp.fnrow_enabled(1, 16384, 1, 24) and hp.fnrow_enabled(1, 16384, 1, 24, {"fnrow": True})

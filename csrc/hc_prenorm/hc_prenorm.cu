@@ -6,6 +6,10 @@ namespace dsv4 {
 
 static PdlSwitch g_hc_pdl("DSV4_HC_PRENORM_PDL");   // "0": plain launches (same switch as the Triton path)
 
+// the exchange sums each value as the reduce grid does (kXChains chains of every kXChains-th partial, then the
+// chains in order), so both give the same bits: the two constants must stay equal
+static_assert(hcs::kXChains == hcp::kRedWarps, "xchg_consume's chains must be the reduce grid's warps");
+
 // the few-rows kernel's instances by rows per block R = small_rows: <x rows per lane, fn rows per lane, row
 // groups, columns per lane and round>, with or without the in-launch sum of the sub-slices (kXchg)
 template <bool kXchg>

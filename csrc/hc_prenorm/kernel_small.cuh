@@ -56,7 +56,7 @@ constexpr int kKBlock = DSV4_HC_PRENORM_KBLOCK;   // DeepGEMM's split granularit
 //   * Order: word (r, s, v) of sub-slice s; value v = chain sums s = c, c + 8, ... (c < 8) from 0, then the
 //     eight chains in order: the reduce grid's order (hc_prenorm_reduce_kernel), so both give the same bits.
 constexpr int kXVals = DSV4_HC_PRENORM_MAX_N + 1;    // 24 fn rows and the square-sum per (row, sub-slice)
-constexpr int kXChains = 8;                          // hcp::kRedWarps: the reduce grid's partial sums per value
+constexpr int kXChains = 8;   // = hcp::kRedWarps, the reduce grid's sums per value (static_assert: hc_prenorm.cu)
 
 __device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* a) {
   uint32_t v;
