@@ -22,11 +22,11 @@ extern "C" {
 // in the launch): uint32 epochs [64 rows], uint32 tickets [64 row blocks], then uint64 tagged partials
 // [64 rows][DSV4_HC_PRENORM_MAX_SUB sub-slices][25 values: 24 fn rows, the square-sum]. Zeroed once by its owner.
 #define DSV4_HC_PRENORM_XCHG_ROWS 64
-// x rows the whole-K kernel (fn_row_kernel, kernel_small.cuh hc_prenorm_fnrow_kernel) takes at most.
-#define DSV4_HC_PRENORM_FNROW_MAX_M 2
 #define DSV4_HC_PRENORM_XCHG_HEADER_BYTES 512
 #define DSV4_HC_PRENORM_XCHG_BYTES \
   (DSV4_HC_PRENORM_XCHG_HEADER_BYTES + DSV4_HC_PRENORM_XCHG_ROWS * DSV4_HC_PRENORM_MAX_SUB * 25 * 8)
+// x rows the whole-K kernel (fn_row_kernel, kernel_small.cuh hc_prenorm_fnrow_kernel) takes at most.
+#define DSV4_HC_PRENORM_FNROW_MAX_M 2
 
 typedef struct HcPrenormParams {
   const void* x;          // bf16 [m, K], unit stride along K; rows 16-byte aligned (x_stride % 8 == 0)
