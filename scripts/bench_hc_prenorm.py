@@ -234,12 +234,11 @@ def small_sweep(ms, bw, n_sms, reps):
             x, fn, o, q = sets[0]
             ref = _reference(x, fn)
             t_torch = time_graph([lambda s=s: torch_fp32(s) for s in sets], reps)
-            variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
+            rows = [r for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
+            variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in rows]
             if S_arg is None:   # sub-slices: summed in the launch (the exchange) or by the reduce grid
-                variants = [(f"R={r} xchg", "cuda", {"small_rows": r, "xchg": True})
-                            for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
-                variants += [(f"R={r} reduce", "cuda", {"small_rows": r, "xchg": False})
-                             for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
+                variants = [(f"R={r} xchg", "cuda", {"small_rows": r, "xchg": True}) for r in rows]
+                variants += [(f"R={r} reduce", "cuda", {"small_rows": r, "xchg": False}) for r in rows]
                 if m <= hp.FNROW_MAX_M:
                     variants += [("fn-row", "cuda", {"fnrow": True})]
             variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
