@@ -115,13 +115,13 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
         p->num_splits < 1 || p->sub_splits < 1 || p->sub_splits > DSV4_HC_PRENORM_MAX_SUB ||
         p->num_splits * p->sub_splits > 65535 || p->x_stride % 8 || p->fn_stride % 4 ||
         ((uintptr_t)p->x | (uintptr_t)p->fn) % 16 ||
-        (p->sub_splits > 1 &&
+        (p->sub_splits > 1 && p->atomic_sum == 0 &&
          ((p->ws == nullptr && p->xchg == nullptr) || (p->counters == nullptr && p->small_rows == 0)))) {
       snprintf(g_last_error, sizeof(g_last_error),
                "hc_prenorm: bad sizes m=%lld n=%lld K=%lld splits=%lld sub_splits=%lld (expected m >= 1, "
                "1 <= n <= %d, K a positive multiple of 8, 1 <= sub_splits <= %d, splits * sub_splits <= 65535, "
                "16-byte aligned x / fn rows, a workspace (or, few-rows kernel, an exchange buffer) and counters when "
-               "sub_splits > 1)",
+               "sub_splits > 1 without atomic_sum)",
                (long long)p->m, (long long)p->n, (long long)p->K, (long long)p->num_splits, (long long)p->sub_splits,
                DSV4_HC_PRENORM_MAX_N, DSV4_HC_PRENORM_MAX_SUB);
       return true;
@@ -154,6 +154,23 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
                "hc_prenorm: bad xchg (an exchange buffer is taken only by the few-rows kernel with sub_splits > 1, "
                "m <= %d and 8-byte alignment; got small_rows=%lld, sub_splits=%lld, m=%lld, xchg %% 8 = %d)",
                DSV4_HC_PRENORM_XCHG_ROWS, r, (long long)p->sub_splits, (long long)p->m, (int)((uintptr_t)p->xchg % 8));
+      return true;
+    }
+    // atomic_sum: P > 1 sub-slices of one split added into out [m, 24] by float4 atomics (kernel_small.cuh and
+    // kernel.cuh kAtomic); the MMA kernel (small_rows 0) only as its kFast instance: kernel.cuh kRows = 64 rows at
+    // least, K a multiple of kChunk = 32, out rows contiguous
+    if (p->atomic_sum != 0 &&
+        (p->atomic_sum != 1 || p->sub_splits < 2 || p->num_splits != 1 || p->n != DSV4_HC_PRENORM_MAX_N ||
+         p->xchg != nullptr || p->fn_row_kernel != 0 || p->out_stride_n != 1 || p->out_stride_m % 4 != 0 ||
+         (uintptr_t)p->out % 16 != 0 || (r == 0 && (p->m < 64 || p->K % 32 != 0 || p->out_stride_m != 24)))) {
+      snprintf(g_last_error, sizeof(g_last_error),
+               "hc_prenorm: bad atomic_sum=%lld (expected 0, or 1 with sub_splits > 1, one split, n = %d, no xchg, "
+               "no fn_row_kernel, out with unit n stride, m stride %% 4 == 0 and a 16-byte aligned base, and with "
+               "small_rows 0 also m >= 64, K %% 32 == 0 and out m stride 24; got sub_splits=%lld, splits=%lld, "
+               "n=%lld, m=%lld, K=%lld, small_rows=%lld, out strides (m %lld, n %lld), out %% 16 = %d)",
+               (long long)p->atomic_sum, DSV4_HC_PRENORM_MAX_N, (long long)p->sub_splits, (long long)p->num_splits,
+               (long long)p->n, (long long)p->m, (long long)p->K, r, (long long)p->out_stride_m,
+               (long long)p->out_stride_n, (int)((uintptr_t)p->out % 16));
       return true;
     }
     return false;

@@ -105,6 +105,24 @@ def _targets(import_modules: bool) -> dict:
     return {"active": patcher.active, "why": patcher.why, "sglang": patcher.version, "targets": rows}
 
 
+_HC_ATOMIC_ENV = "DSV4_HC_PRENORM_ATOMIC"                           # ops/hc_prenorm.py ATOMIC_ENV
+_SGLANG_DETERMINISTIC_ENV = "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"   # ops/hc_prenorm.py SGLANG_DETERMINISTIC_ENV
+
+
+def _sums_info() -> str:
+    """How hc_prenorm adds num_splits None's K sub-slices in this process (said, since atomics change the last bits
+    between identical calls)."""
+    try:
+        from .ops.hc_prenorm import deterministic_sums
+    except Exception as e:  # noqa: BLE001 - the doctor reports, never fails
+        return f"unknown (hc_prenorm does not import: {type(e).__name__}: {e})"
+    if deterministic_sums():
+        return (f"fixed order ({_HC_ATOMIC_ENV}=0 or {_SGLANG_DETERMINISTIC_ENV} set): identical calls give "
+                f"identical bits")
+    return (f"float atomics for num_splits None's K sub-slices (the last bits may differ between identical calls; "
+            f"{_HC_ATOMIC_ENV}=0 or SGLang's --enable-deterministic-inference: fixed order)")
+
+
 def collect(run_selftest: bool = True, import_modules: bool = True, devices=None) -> dict:
     """``devices``: the GPUs to self-test ("cuda:N" strings; default every visible one)."""
     dev = policy.device_info()
@@ -115,10 +133,12 @@ def collect(run_selftest: bool = True, import_modules: bool = True, devices=None
         "nvml": {"gpus": [{"name": n, "capability": f"sm_{a}{b}"} for n, (a, b) in zip(dev.names, dev.capabilities)],
                  "error": dev.error},
         "versions": {k: _dist_version(v) for k, v in _DISTRIBUTIONS.items()},
-        "env": {k: os.environ.get(k) for k in (policy.DISABLE, policy.FORCE, policy.PREFER, policy.STRICT, policy.QUIET)
+        "env": {k: os.environ.get(k) for k in (policy.DISABLE, policy.FORCE, policy.PREFER, policy.STRICT, policy.QUIET,
+                                               _HC_ATOMIC_ENV, _SGLANG_DETERMINISTIC_ENV)
                 if os.environ.get(k) is not None},
         "torch": _torch_info(),
         "extension": _extension_info(),
+        "sums": _sums_info(),
     }
     out["patch"] = _targets(import_modules)
     if run_selftest and out["torch"].get("cuda_available") and out["patch"]["active"]:
@@ -156,6 +176,8 @@ def format_text(d: dict) -> str:
         lines.append("extension on this GPU: runs" if g["runs"] else
                      f"extension on this GPU: NO KERNEL, sparse decode hands its calls back to SGLang and fp4_moe "
                      f"uses its Triton kernels: {g['why']}")
+    if d.get("sums"):
+        lines.append(f"hc_prenorm sums: {d['sums']}")
     p = d["patch"]
     lines.append(f"patch layer: {'ACTIVE' if p['active'] else 'inactive'} ({p['why']}); SGLang {p['sglang'] or 'not installed'}")
     for r in p["targets"]:

@@ -78,30 +78,39 @@ def check_indexer_logits(device: str = "cuda") -> str:
 def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
     """Decode-sized calls with the caller's splits (SGLang's 64: the compiled few-rows kernel; 4: the Triton
     kernel) and without (hc_pre's num_splits None at m = 1: the whole-K kernel; m = 3: the few-rows kernel's
-    sub-slices summed in its launch, the exchange), and a prefill-sized one without (the compiled MMA kernel where
+    sub-slices, added by float atomics unless deterministic sums are asked for, and, where the atomic sum ran, once
+    more with the fixed-order one, the exchange), and a prefill-sized one without (the compiled MMA kernel where
     Triton builds mma.sync, e.g. SM120; "auto" picks)."""
     import torch
 
     from .ops import hc_prenorm as hp
     from .reference.hc_prenorm import hc_prenorm_gemm_ref
 
+    sums = {"xchg": ", exchange", "atomic": ", atomic sum", "reduce": ", reduce grid"}
     parts = []
-    for m, S in ((5, 64), (1, None), (3, None), (37, 4), (300, None)):
+    for m, S in ((5, 64), (1, None), (3, None), (3, "fixed"), (37, 4), (300, None)):
+        if S == "fixed":   # the fixed-order sum of the same call, where "auto" took the atomic one
+            if parts[-1][1] != "atomic":
+                continue
+            S, impl, cfg = None, "cuda", {"atomic": False}
+        else:
+            impl = cfg = None
         n = 24
         x = torch.randn(m, K).to(torch.bfloat16).to(device)
         fn = (torch.randn(n, K) * K ** -0.5).to(device)
         out = torch.full((m, n) if S is None else (S, m, n), float("nan"), device=device)
         sq = torch.full((m,) if S is None else (S, m), float("nan"), device=device)
-        hp.hc_prenorm_gemm(x, fn, out, sq, S)
+        hp.hc_prenorm_gemm(x, fn, out, sq, S, impl=impl, _config=cfg)
         ref_out, ref_sq = hc_prenorm_gemm_ref(x, fn, S)
         e, es = _rel(out, ref_out), _rel(sq, ref_sq)
         assert e < 2e-3 and es < 1e-5, (f"m={m}: out rel err {e:.2e} (bound 2e-3, tf32 class), sqrsum {es:.2e} "
                                         f"(bound 1e-5)")
-        how = hp.last_launch[0]
+        how, summed = hp.last_launch[0], None
         if how == "cuda":
-            how += ", whole K" if hp.last_launch[2] == "fnrow" else ", exchange" if hp.last_launch[3] else ""
-        parts.append(f"m={m} splits={S} ({how}): out rel err {e:.1e}, sqrsum {es:.1e}")
-    return f"K={K}: " + "; ".join(parts)
+            summed = hp.last_launch[3]
+            how += (", whole K" if hp.last_launch[2] == "fnrow" else "") + sums.get(summed, "")
+        parts.append((f"m={m} splits={S} ({how}): out rel err {e:.1e}, sqrsum {es:.1e}", summed))
+    return f"K={K}: " + "; ".join(p for p, _ in parts)
 
 
 def check_fp4_moe(device: str = "cuda", hidden: int = 4096, inter: int = 2048, experts: int = 16) -> str:

@@ -130,7 +130,7 @@ def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
             res[label + sfx + "_launch"] = str(hp.last_launch[0]) + (
                 (" fn-row" if hp.last_launch[2] == "fnrow" else
                  f" small R={hp.last_launch[2]}" if hp.last_launch[2] else f" P={hp.last_launch[1]}")
-                + (" xchg" if hp.last_launch[3] else "") if hp.last_launch[0] == "cuda" else "")
+                + (f" {hp.last_launch[3]}" if hp.last_launch[3] else "") if hp.last_launch[0] == "cuda" else "")
             res[label + "_splits"] = S
             res[label + sfx + "_floor_pct"] = 100 * (per / bw * 1e6) / t
             if S_arg is None:
@@ -186,7 +186,8 @@ def _errors(o, q, S, m, ref):
 
 def cuda_sweep(ms, bw, n_sms, reps):
     """The compiled kernel at every sub-split count P (1, 2, 4, ... <= its limits) for num_splits None
-    and SGLang's mhc_pre split count, each call checked against float64 first (cuda_sub_splits' data)."""
+    and SGLang's mhc_pre split count, each call checked against float64 first (cuda_sub_splits' data); num_splits
+    None's P > 1 twice where the atomic sum applies: added by atomics ("atomic") and in fixed order ("reduce")."""
     out = []
     for m in ms:
         for S_arg in (None, sglang_num_splits(m, n_sms)):
@@ -198,19 +199,25 @@ def cuda_sweep(ms, bw, n_sms, reps):
             q2 = q[0] if S_arg is None else q
             ref = _reference(x, fn)                    # one float64 reference per (m, S), for every P
             for P in [p for p in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if p <= min(nb_min, hp._CUDA_MAX_SUB)]:
-                o2.fill_(float("nan"))
-                q2.fill_(float("nan"))
-                hp.hc_prenorm_gemm(x, fn, o2, q2, S_arg, impl="cuda", _config={"p": P})
-                err = _errors(o2, q2, S, m, ref)[0]
-                calls = [lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2][0] if S_arg is None else s[2],
-                                                        s[3][0] if S_arg is None else s[3], S_arg,
-                                                        impl="cuda", _config={"p": P}) for s in sets]
-                t = time_graph(calls, reps)
-                rec = dict(m=m, S=S, P=P, us=t, floor_pct=100 * (per / bw * 1e6) / t, rel_err=err,
-                           picked=P == hp.cuda_sub_splits(m, K, S, n_sms))
-                out.append(rec)
-                print(f"  cuda m={m:5d} S={S:3d} P={P:3d}: {t:8.2f} us {rec['floor_pct']:5.1f} % floor, "
-                      f"max err / A {err:.2e}{'  <- cuda_sub_splits' if rec['picked'] else ''}", flush=True)
+                atomic_ok = hp.atomic_applies(o2 if S_arg is None else o2[0], m, K, N, S, P, 0)
+                for atomic in ((True, False) if atomic_ok else (None,)):
+                    cfg = {"p": P, **({} if atomic is None else {"atomic": atomic})}
+                    o2.fill_(float("nan"))
+                    q2.fill_(float("nan"))
+                    hp.hc_prenorm_gemm(x, fn, o2, q2, S_arg, impl="cuda", _config=cfg)
+                    err = _errors(o2, q2, S, m, ref)[0]
+                    how = hp.last_launch[3]
+                    calls = [lambda s=s: hp.hc_prenorm_gemm(s[0], s[1], s[2][0] if S_arg is None else s[2],
+                                                            s[3][0] if S_arg is None else s[3], S_arg,
+                                                            impl="cuda", _config=cfg) for s in sets]
+                    t = time_graph(calls, reps)
+                    rec = dict(m=m, S=S, P=P, sum=how, us=t, floor_pct=100 * (per / bw * 1e6) / t, rel_err=err,
+                               picked=P == hp.cuda_sub_splits(m, K, S, n_sms)
+                               and (atomic is None or atomic == hp.atomic_enabled()))
+                    out.append(rec)
+                    print(f"  cuda m={m:5d} S={S:3d} P={P:3d} {how or '':>6}: {t:8.2f} us {rec['floor_pct']:5.1f} "
+                          f"% floor, max err / A {err:.2e}{'  <- cuda_sub_splits' if rec['picked'] else ''}",
+                          flush=True)
             del sets, ref
     return out
 
@@ -236,13 +243,19 @@ def small_sweep(ms, bw, n_sms, reps):
             t_torch = time_graph([lambda s=s: torch_fp32(s) for s in sets], reps)
             rows = [r for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
             variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in rows]
-            if S_arg is None:   # sub-slices: summed in the launch (the exchange) or by the reduce grid
-                variants = [(f"R={r} xchg", "cuda", {"small_rows": r, "xchg": True}) for r in rows]
-                variants += [(f"R={r} reduce", "cuda", {"small_rows": r, "xchg": False}) for r in rows]
+            if S_arg is None:   # sub-slices: added by atomics, summed in the launch (the exchange) or by the reduce grid
+                variants = [(f"R={r} atomic", "cuda", {"small_rows": r, "atomic": True}) for r in rows]
+                variants += [(f"R={r} xchg", "cuda", {"small_rows": r, "xchg": True}) for r in rows]
+                variants += [(f"R={r} reduce", "cuda", {"small_rows": r, "xchg": False, "atomic": False})
+                             for r in rows]
                 if m <= hp.FNROW_MAX_M:
                     variants += [("fn-row", "cuda", {"fnrow": True})]
             variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
-            pick = hp.decode_rows(m, K, S, n_sms, N, hp.exchange_enabled(m))
+            # what "auto" takes (the bench's out is contiguous: the atomic sum applies wherever it is enabled)
+            auto_atomic = S_arg is None and hp.atomic_enabled()
+            auto_sum = "atomic" if auto_atomic else "xchg" if hp.exchange_enabled(m) else "reduce"
+            pick = (hp.small_rows(m, K, S, n_sms, N) if auto_atomic
+                    else hp.decode_rows(m, K, S, n_sms, N, hp.exchange_enabled(m)))
             tag = "None" if S_arg is None else str(S)
             for label, impl, cfg in variants:
                 o.fill_(float("nan"))
@@ -255,7 +268,7 @@ def small_sweep(ms, bw, n_sms, reps):
                 rec = dict(m=m, S=tag, variant=label, us=t, floor_pct=100 * (per / bw * 1e6) / t,
                            torch_fp32_us=t_torch, x_torch_fp32=t_torch / t, rel_err=err, sq_rel_err=sq_err, ok=ok,
                            picked=cfg is not None and cfg.get("small_rows") == pick and pick > 0
-                           and (S_arg is not None or cfg.get("xchg") == hp.exchange_enabled(m))
+                           and (S_arg is not None or label.endswith(auto_sum))
                            and not hp.fnrow_enabled(m, K, S, N))
                 if cfg is not None and cfg.get("fnrow"):   # the whole-K kernel: what auto picks where it applies
                     rec["picked"] = hp.fnrow_enabled(m, K, S, N)

@@ -65,7 +65,7 @@ def load(n, r):
     d = json.load(open(f"build/ab_{n}_{r}/bench_hc_prenorm.json"))
     if "small_sweep" in d:
         return {(x["m"], x["S"], x["variant"].replace(" ", "")): x for x in d["small_sweep"]}
-    return {(x["m"], x["S"], x["P"]): x for x in d["cuda_sweep"]}
+    return {(x["m"], x["S"], f'{x["P"]}{" " + x["sum"] if x.get("sum") else ""}'): x for x in d["cuda_sweep"]}
 data = {n: [load(n, r) for r in range(1, rounds + 1)] for n in names}
 base = names[0]
 print(json.load(open(f"build/ab_{base}_1/bench_hc_prenorm.json"))["meta"])

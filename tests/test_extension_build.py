@@ -96,14 +96,15 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
 
 
 def test_hc_prenorm_resources_sm120a(tmp_path):
-    """The compiled hc_prenorm GEMM, both instances (the general kernel and kFast), the ten instances of the
-    few-rows FMA kernel (five rows-per-block, with and without the exchange; no spills, two 256-thread blocks per
-    SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes) and the two of the whole-K kernel. The GEMM:
-    one 256-thread block per SM (<= 255 registers), static shared memory only (the warp partials' hand-over,
-    kSmemBytes from the named constants, + the last-block flag) within the SM120 limit, no spills (checked in
-    _compile_sm120a).
+    """The compiled hc_prenorm GEMM, its three instances (the general kernel, kFast, kFast with the atomic sum), the
+    fifteen instances of the few-rows FMA kernel (five rows-per-block, plain, with the exchange and with the atomic
+    sum; no spills, two 256-thread blocks per SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes) and
+    the two of the whole-K kernel. The GEMM: one 256-thread block per SM (<= 255 registers), static shared memory
+    only (the warp partials' hand-over, kSmemBytes from the named constants, + the last-block flag) within the SM120
+    limit, no spills (checked in _compile_sm120a).
     The reduce kernel of kFast's P > 1 partials: its warp sums' hand-over (kRedWarps x 32 float4) as static
-    shared memory, registers for at least 2 blocks of 32 kRedWarps threads per SM."""
+    shared memory, registers for at least 2 blocks of 32 kRedWarps threads per SM. The atomic sum's zero kernel:
+    no shared memory, registers for 8 of its blocks per SM."""
     seen = _compile_sm120a(tmp_path, "hc_prenorm/hc_prenorm.cu")
     consts = _named_constants("hc_prenorm/kernel.cuh")
     want = consts["kSmemBytes"]
@@ -112,7 +113,11 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
     reduce = {k: v for k, v in seen.items() if "hc_prenorm_reduce_kernel" in k}
     small = {k: v for k, v in seen.items() if "hc_prenorm_small_kernel" in k}
     fnrow = {k: v for k, v in seen.items() if "hc_prenorm_fnrow_kernel" in k}
-    assert len(gemm) == 2 and len(reduce) == 1 and len(small) == 10 and len(fnrow) == 2 and len(seen) == 15, list(seen)
+    zero = {k: v for k, v in seen.items() if "hc_prenorm_zero_kernel" in k}
+    assert (len(gemm) == 3 and len(reduce) == 1 and len(small) == 15 and len(fnrow) == 2 and len(zero) == 1
+            and len(seen) == 22), list(seen)
+    (regs, static_smem), = zero.values()
+    assert static_smem == 0 and regs * consts["kZeroThreads"] * 8 <= 65536, (regs, static_smem)
     # the whole-K kernel, one instance per x-row count kM = 1, 2: one 1024-thread block (<= 64 registers), the 32 warp
     # sums of kM dot products and kM square-sums as static shared memory
     assert _named_constants("hc_prenorm/kernel_small.cuh")["kRowThreads"] == 1024
@@ -120,25 +125,28 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
         km = int(re.search(r"fnrow_kernelILi(\d+)E", name).group(1))
         assert regs <= 64 and static_smem == 32 * 2 * km * 4, (name, regs, static_smem)
     assert sorted(int(re.search(r"fnrow_kernelILi(\d+)E", k).group(1)) for k in fnrow) == [1, 2]
-    # the few-rows kernel (kernel_small.cuh), one instance per rows-per-block R, without and with the exchange
-    # (template flag kXchg, mangled "Lb0" / "Lb1"): the registers of kMinBlocksPerSm 256-thread blocks per SM (the
-    # launch rule, hc_prenorm.small_rows, counts on it); no shared memory without the exchange, and with it the
-    # summing block's chain sums (kXChains x R x kXVals floats) + the last-ticket flag
+    # the few-rows kernel (kernel_small.cuh), one instance per rows-per-block R, plain, with the exchange and with the
+    # atomic sum (template flags kXchg, kAtomic, mangled "Lb0ELb0" / "Lb1ELb0" / "Lb0ELb1"): the registers of
+    # kMinBlocksPerSm 256-thread blocks per SM (the launch rule, hc_prenorm.small_rows, counts on it); no shared
+    # memory when plain, with the exchange the summing block's chain sums (kXChains x R x kXVals floats) + the
+    # last-ticket flag, with the atomic sum the block's R x 24 sums and R square-sums
     small_consts = _named_constants("hc_prenorm/kernel_small.cuh")
     per_sm = small_consts["kMinBlocksPerSm"]
     mirror = re.search(r"^_SMALL_BLOCKS_PER_SM = (\d+)", open(os.path.join(ROOT, "deepseek_v4_kernel", "ops",
                                                                           "hc_prenorm.py")).read(), re.M)
     assert per_sm == 2 and mirror and int(mirror.group(1)) == per_sm, (per_sm, mirror)
     assert all(regs * 256 * per_sm <= 65536 for regs, _ in small.values()), small
-    plain = {k: v for k, v in small.items() if k.endswith("Lb0EEEv15HcPrenormParams")}
-    xchg = {k: v for k, v in small.items() if k.endswith("Lb1EEEv15HcPrenormParams")}
-    assert len(plain) == len(xchg) == 5, list(small)
+    plain = {k: v for k, v in small.items() if k.endswith("Lb0ELb0EEEv15HcPrenormParams")}
+    xchg = {k: v for k, v in small.items() if k.endswith("Lb1ELb0EEEv15HcPrenormParams")}
+    atomic = {k: v for k, v in small.items() if k.endswith("Lb0ELb1EEEv15HcPrenormParams")}
+    assert len(plain) == len(xchg) == len(atomic) == 5, list(small)
     assert all(static_smem == 0 for _, static_smem in plain.values()), plain
     rows_of = {(1, 1): 1, (1, 2): 2, (1, 4): 4, (2, 4): 8, (4, 4): 16}   # <kRT, kJ, kTR, ...>: R = kRT kTR
-    for name, (_, static_smem) in xchg.items():
+    for name, (_, static_smem) in list(xchg.items()) + list(atomic.items()):
         krt, ktr = map(int, re.search(r"kernelILi(\d+)ELi\d+ELi(\d+)E", name).groups())
         R = rows_of[(krt, ktr)]
-        assert static_smem == small_consts["kXChains"] * R * 25 * 4 + 4, (name, static_smem)
+        want_smem = small_consts["kXChains"] * R * 25 * 4 + 4 if name in xchg else R * 25 * 4
+        assert static_smem == want_smem, (name, static_smem)
     for name, (regs, static_smem) in gemm.items():
         assert want <= static_smem <= want + 16 and static_smem <= SMEM_LIMIT and regs <= 255, (name, regs, static_smem)
     (regs, static_smem), = reduce.values()

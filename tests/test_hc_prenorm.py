@@ -291,11 +291,14 @@ def test_gpu_small_kernel(m, K, n, num_splits, rows):
     x, fn = _inputs(m, K, n=n, device="cuda", seed=m + K + n + 1)
     S = num_splits or 1
     cfg = None if rows is None else {"small_rows": rows}
-    want = rows or hp.decode_rows(m, K, S, hp.sm_count(x.device), n, hp.exchange_enabled(m))
     P = hp.small_sub_splits(K, S, n) or 1
+    # sub-slices of one split (n = 24): added by float atomics (contiguous out), with the rule's rows per block
+    atomic = P > 1 and n == 24 and S == 1
+    sms = hp.sm_count(x.device)
+    want = rows or (hp.small_rows(m, K, S, sms, n) if atomic else hp.decode_rows(m, K, S, sms, n, hp.exchange_enabled(m)))
     assert want in hp._SMALL_ROWS
     fnrow = hp.fnrow_enabled(m, K, S, n, cfg)   # "auto" at m <= FNROW_AUTO_MAX_M with one split: the whole-K kernel
-    expect = ("cuda", 1, "fnrow", False) if fnrow else ("cuda", P, want, P > 1 and hp.exchange_enabled(m))
+    expect = ("cuda", 1, "fnrow", None) if fnrow else ("cuda", P, want, None if P == 1 else "atomic")
     out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
     hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
     torch.cuda.synchronize()
@@ -304,20 +307,31 @@ def test_gpu_small_kernel(m, K, n, num_splits, rows):
     if rows is None and num_splits in (64, None):   # what SGLang's decode gets under impl "auto"
         out2, sq2 = _poisoned(m, n, S, "cuda", flat=num_splits is None)
         hp.tf32_hc_prenorm_gemm(x, fn, out2, sq2, num_splits)
+        torch.cuda.synchronize()
         assert hp.last_launch == expect
-        assert torch.equal(out2, out) and torch.equal(sq2, sq)
+        if expect[3] == "atomic":   # the order of the atomic additions may differ: float64 decides
+            _check(x, fn, out2, sq2, num_splits)
+        else:
+            assert torch.equal(out2, out) and torch.equal(sq2, sq)
     if fnrow:   # the sub-slices instead (forced rows per block): another sum order, checked against float64 alone
         out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
         hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config={"small_rows": want})
         torch.cuda.synchronize()
         _check(x, fn, out, sq, num_splits)
-    if P > 1:   # the exchange and the reduce grid: one sum order, one result
-        for cfg in ({"xchg": True}, {"xchg": False}):
+    if P > 1:   # the exchange and the reduce grid: one fixed sum order, one result; the atomic sum against float64
+        fixed = None
+        for cfg in ({"xchg": True}, {"xchg": False, "atomic": False}, {"atomic": True}):
+            if cfg.get("atomic") and not atomic:
+                continue
             out3, sq3 = _poisoned(m, n, S, "cuda", flat=num_splits is None)
             hp.hc_prenorm_gemm(x, fn, out3, sq3, num_splits, impl="cuda", _config={"small_rows": want, **cfg})
             torch.cuda.synchronize()
-            assert hp.last_launch == ("cuda", P, want, cfg["xchg"] and m <= hp.XCHG_MAX_M), cfg
-            assert torch.equal(out3, out) and torch.equal(sq3, sq), cfg
+            how = "atomic" if cfg.get("atomic") else "xchg" if cfg.get("xchg") and m <= hp.XCHG_MAX_M else "reduce"
+            assert hp.last_launch == ("cuda", P, want, how), cfg
+            _check(x, fn, out3, sq3, num_splits)
+            if how != "atomic":
+                fixed = fixed or (out3, sq3)
+                assert torch.equal(out3, fixed[0]) and torch.equal(sq3, fixed[1]), cfg
 
 
 @pytest.mark.gpu
@@ -367,38 +381,50 @@ def test_gpu_cuda_kernel_strided_out_and_empty_splits():
     out, sq, margins_nan = _strided_out(4, 150, 3)
     hp.hc_prenorm_gemm(x, fn, out, sq, 4, impl="cuda", _config={"p": 3})
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", 3, 0, False)
+    assert hp.last_launch == ("cuda", 3, 0, "reduce")
     _check(x, fn, out, sq, 4)
     assert margins_nan(), "wrote outside out"
 
 
 # which kernels a compiled call launches (csrc/hc_prenorm/hc_prenorm.cu): sub-slices (P > 1) of kFast shapes
-# (m >= 64, K % 32 == 0, n = 24) go through the reduce kernel, other P > 1 shapes through the general kernel's
-# last-block sum, P = 1 never reduces
+# (m >= 64, K % 32 == 0, n = 24) go through the reduce kernel, or, for one split and a contiguous out, the zero kernel
+# and the kFast kernel's atomic epilogue (unless the fixed order is asked for), other P > 1 shapes through the general
+# kernel's last-block sum, P = 1 never reduces
+_KFAST, _REDUCE = "hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"
+_ATOMIC = {"hc_prenorm_kernel<true, atomic>", "hc_prenorm_zero_kernel"}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, K, n, S, p, kernels", [
-    (512, 16384, 24, None, 16, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),
-    (64, 4096, 24, 2, 3, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),
-    (100, 256, 24, 2, 3, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),   # empty sub-slices
-    (96, 16416, 24, None, 5, {"hc_prenorm_kernel<true>", "hc_prenorm_reduce_kernel"}),  # K % 64 == 32
-    (512, 16384, 24, 16, 1, {"hc_prenorm_kernel<true>"}),
-    (300, 1000, 24, 3, 5, {"hc_prenorm_kernel<false>"}),      # K % 32 != 0
-    (129, 16384, 17, 1, 8, {"hc_prenorm_kernel<false>"}),     # n < 24
-    (63, 16384, 24, None, 4, {"hc_prenorm_kernel<false>"}),   # m < 64
+@pytest.mark.parametrize("m, K, n, S, p, atomic, kernels", [
+    (512, 16384, 24, None, 16, None, _ATOMIC),
+    (512, 16384, 24, None, 16, False, {_KFAST, _REDUCE}),
+    (64, 4096, 24, 2, 3, None, {_KFAST, _REDUCE}),
+    (100, 256, 24, 2, 3, None, {_KFAST, _REDUCE}),   # empty sub-slices
+    (96, 16416, 24, None, 5, None, _ATOMIC),          # K % 64 == 32
+    (96, 16416, 24, None, 5, False, {_KFAST, _REDUCE}),
+    (512, 16384, 24, 16, 1, None, {_KFAST}),
+    (300, 1000, 24, 3, 5, None, {"hc_prenorm_kernel<false>"}),      # K % 32 != 0
+    (129, 16384, 17, 1, 8, None, {"hc_prenorm_kernel<false>"}),     # n < 24
+    (63, 16384, 24, None, 4, None, {"hc_prenorm_kernel<false>"}),   # m < 64
 ])
-def test_gpu_cuda_kernels_launched(m, K, n, S, p, kernels):
+def test_gpu_cuda_kernels_launched(m, K, n, S, p, atomic, kernels):
     from torch.profiler import ProfilerActivity, profile
     x, fn = _inputs(m, K, n=n, device="cuda", seed=3)
     out, sq = _poisoned(m, n, S or 1, "cuda", flat=S is None)
-    hp.hc_prenorm_gemm(x, fn, out, sq, S, impl="cuda", _config={"p": p})   # counters allocated eagerly
+    cfg = {"p": p, **({} if atomic is None else {"atomic": atomic})}
+    hp.hc_prenorm_gemm(x, fn, out, sq, S, impl="cuda", _config=cfg)   # counters allocated eagerly
     torch.cuda.synchronize()
+    out.fill_(float("nan"))
+    sq.fill_(float("nan"))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        hp.hc_prenorm_gemm(x, fn, out, sq, S, impl="cuda", _config={"p": p})
+        hp.hc_prenorm_gemm(x, fn, out, sq, S, impl="cuda", _config=cfg)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events() if "hc_prenorm" in e.name}
-    got = {("hc_prenorm_reduce_kernel" if "reduce" in nm else
-            "hc_prenorm_kernel<true>" if "<true>" in nm else "hc_prenorm_kernel<false>") for nm in names}
+    got = {(_REDUCE if "reduce" in nm else "hc_prenorm_zero_kernel" if "zero" in nm else
+            "hc_prenorm_kernel<true, atomic>" if "<true, true>" in nm else
+            _KFAST if "<true, false>" in nm else "hc_prenorm_kernel<false>") for nm in names}
     assert got == kernels, sorted(names)
+    assert hp.last_launch[3] == ("atomic" if kernels == _ATOMIC else None if p == 1 else "reduce"), hp.last_launch
     _check(x, fn, out, sq, S)
 
 
@@ -497,17 +523,25 @@ def test_gpu_legacy_config(m):
     (512, {**_MMA, "block_m": 64, "p": 32, "r": 16, "num_stages": 4, "presplit": True}),
     (512, "cuda"),                                                      # compiled kernel, P > 1
     (8192, "cuda"),                                                     # compiled kernel, P = 1
-    (1, "cuda"), (33, "cuda"),                                          # few-rows kernel, 64 sub-slices
+    (1, "cuda"), (33, "cuda"),                                          # whole-K kernel; few-rows kernel, 64 sub-slices
+    (33, "cuda atomic"), (512, "cuda atomic"),                          # the same sub-slices added by atomics
 ])
-def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
+def test_gpu_cuda_graph_replay_and_determinism(monkeypatch, m, cfg):
+    """Graph replays onto poisoned outputs give the eager call's bits, with every fixed-order sum (the compiled
+    kernels with DSV4_HC_PRENORM_ATOMIC=0, whose default for num_splits None adds sub-slices by float atomics);
+    the atomic sum ("cuda atomic") is checked against float64 on every replay instead (its zero kernel must clear
+    the poisoned outputs each time)."""
     K = 16384
     x, fn = _inputs(m, K, device="cuda", seed=11)
     out = torch.empty(m, 24, device="cuda")
     sq = torch.empty(m, device="cuda")
+    atomic = cfg == "cuda atomic"
+    monkeypatch.setenv("DSV4_HC_PRENORM_ATOMIC", "1" if atomic else "0")
 
     def call():
-        if cfg == "cuda":
+        if cfg in ("cuda", "cuda atomic"):
             hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda")
+            assert (hp.last_launch[3] == "atomic") == atomic, hp.last_launch
         else:
             hp.hc_prenorm_gemm(x, fn, out, sq, None, _config=cfg)
 
@@ -526,7 +560,10 @@ def test_gpu_cuda_graph_replay_and_determinism(m, cfg):
         sq.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, first[0]) and torch.equal(sq, first[1]), "not deterministic"
+        if atomic:
+            _check(x, fn, out, sq, None)
+        else:
+            assert torch.equal(out, first[0]) and torch.equal(sq, first[1]), "not deterministic"
     x2, fn2 = _inputs(m, K, device="cuda", seed=12)
     x.copy_(x2)
     fn.copy_(fn2)  # new weights in place: a pre-split fn must be split again on every replay
@@ -550,13 +587,13 @@ def test_gpu_small_kernel_first_call_inside_capture(monkeypatch):
     replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=xchg),
                        lambda _: (out, sq), warm_up=False)
     R = hp.decode_rows(m, K, 1, hp.sm_count(x.device))
-    assert hp.last_launch == ("cuda", 64, R, False)   # the reduce grid
+    assert hp.last_launch == ("cuda", 64, R, "reduce")
     assert not hp._XCHG
     _check(x, fn, out, sq, None)
     out2, sq2 = _poisoned(m, 24, 1, "cuda", flat=True)
     hp.hc_prenorm_gemm(x, fn, out2, sq2, None, impl="cuda", _config=xchg)   # eager, on the default stream: the exchange
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", 64, R, True)
+    assert hp.last_launch == ("cuda", 64, R, "xchg")
     assert torch.equal(out2, out) and torch.equal(sq2, sq)
 
 
@@ -583,7 +620,7 @@ def test_gpu_fnrow_kernel(m, K, n, num_splits):
         out, sq, margins = _strided_out(S, m, 3, n=n)
     hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", 1, "fnrow", False)
+    assert hp.last_launch == ("cuda", 1, "fnrow", None)
     _check(x, fn, out, sq, num_splits)
     assert margins(), "wrote outside out / sqrsum"
     eo, es = out.clone(), sq.clone()
@@ -594,7 +631,7 @@ def test_gpu_fnrow_kernel(m, K, n, num_splits):
         out2, sq2 = torch.full_like(out, float("nan")), torch.full_like(sq, float("nan"))
         hp.hc_prenorm_gemm(x, fn, out2, sq2, num_splits)
         torch.cuda.synchronize()
-        assert hp.last_launch == ("cuda", 1, "fnrow", False) and torch.equal(out2, eo) and torch.equal(sq2, es)
+        assert hp.last_launch == ("cuda", 1, "fnrow", None) and torch.equal(out2, eo) and torch.equal(sq2, es)
 
 
 @pytest.mark.gpu
@@ -610,6 +647,87 @@ def test_gpu_fnrow_refuses_by_name():
     o, q = _poisoned(2, 24, 1, "cuda", flat=True)
     with pytest.raises(UnsupportedCase, match="hc_prenorm: _config fnrow "):
         hp.hc_prenorm_gemm(x[:2], fn, o, q, None, impl="cuda", _config={"fnrow": True, "small_rows": 1})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, K, rows, pad", [
+    (3, 16384, None, 0), (8, 16384, None, 0), (17, 16384, None, 4), (40, 16384, 8, 0), (63, 16384, None, 0),
+    (5, 16416, 16, 4), (33, 4000, 1, 0), (64, 16384, None, 0), (200, 16384, None, 0), (512, 16416, None, 0),
+    (64, 16384, 2, 4), (1, 16384, 4, 0),
+])
+def test_gpu_atomic_sum(m, K, rows, pad):
+    """num_splits None's sub-slices added into out by float4 atomics after the zero kernel (the few-rows kernel at
+    m <= 63 or any forced rows per block, the kFast MMA kernel from m = 64): against float64 on poisoned outputs,
+    odd K (a short last sub-slice), out as a view with m stride 24 + pad inside a NaN-filled tensor whose margins
+    must stay NaN, twice in a row (the zero kernel clears the first call's sums), graph replays onto poisoned
+    outputs; the fixed-order sum of the same call agrees with it to fp32 rounding."""
+    x, fn = _inputs(m, K, device="cuda", seed=m * 7 + K + pad)
+    mma = m >= 64 and rows is None
+    if mma:   # the kFast kernel's epilogue takes contiguous out rows: a row of NaN above and below
+        big = torch.full((m + 2, 24), float("nan"), device="cuda")
+        out = big[1:m + 1]
+        outside = lambda: torch.cat([big[0], big[-1]])
+    else:     # a 16-byte offset, m stride 28 + pad: float4-aligned rows (pad % 4 == 0)
+        big = torch.full((m, 24 + pad + 4), float("nan"), device="cuda")
+        out = big[:, 4:4 + 24]
+        outside = lambda: torch.cat([big[:, :4].flatten(), big[:, 28:].flatten()])
+    sbig = torch.full((m, 2), float("nan"), device="cuda")
+    sq = sbig[:, 1]
+    margins = lambda: bool(outside().isnan().all() and sbig[:, 0].isnan().all())
+    cfg = None if rows is None else {"small_rows": rows}
+    for _ in range(2):
+        out.fill_(float("nan"))
+        sq.fill_(float("nan"))
+        hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=cfg)
+        torch.cuda.synchronize()
+        assert hp.last_launch[3] == "atomic", hp.last_launch
+        assert hp.last_launch[2] == (rows or (0 if mma else hp.small_rows(m, K, 1, hp.sm_count(x.device))))
+        _check(x, fn, out, sq, None)
+        assert margins(), "wrote outside out / sqrsum"
+    replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=cfg),
+                       lambda _: (out, sq))
+    _check(x, fn, out, sq, None)
+    assert margins(), "wrote outside out / sqrsum (graph replay)"
+    fo, fq = torch.full_like(out, float("nan")), torch.full_like(sq, float("nan"))
+    hp.hc_prenorm_gemm(x, fn, fo, fq, None, impl="cuda", _config={**(cfg or {}), "atomic": False})
+    torch.cuda.synchronize()
+    assert hp.last_launch[3] in ("xchg", "reduce"), hp.last_launch
+    torch.testing.assert_close(out, fo, rtol=1e-5, atol=1e-5 * float(fo.abs().max()))
+    torch.testing.assert_close(sq, fq, rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_atomic_sum_falls_back_and_refuses_by_name(monkeypatch):
+    """Where the atomic sum cannot go (out rows not float4-aligned, several splits, the MMA kernel below 64 rows)
+    "auto" takes the fixed-order sums without a word (the same numbers up to rounding) and a forced
+    ``_config atomic`` is refused by name; DSV4_HC_PRENORM_ATOMIC=0 and SGLang's deterministic flag switch it off."""
+    m, K = 12, 16384
+    x, fn = _inputs(m, K, device="cuda", seed=5)
+    big = torch.full((m, 26), float("nan"), device="cuda")
+    out, sq = big[:, :24], torch.full((m,), float("nan"), device="cuda")   # m stride 26: not float4-aligned
+    hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda")
+    torch.cuda.synchronize()
+    assert hp.last_launch[3] == "reduce", hp.last_launch
+    _check(x, fn, out, sq, None)
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config atomic "):
+        hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config={"atomic": True})
+    o, q = _poisoned(m, 24, 4, "cuda")
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config atomic "):
+        hp.hc_prenorm_gemm(x, fn, o, q, 4, impl="cuda", _config={"atomic": True})
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config atomic "):
+        hp.hc_prenorm_gemm(x, fn, *_poisoned(m, 24, 1, "cuda", flat=True), None, impl="cuda",
+                           _config={"atomic": True, "xchg": True})
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config atomic "):   # the MMA kernel at m < 64
+        hp.hc_prenorm_gemm(x, fn, *_poisoned(m, 24, 1, "cuda", flat=True), None, impl="cuda",
+                           _config={"atomic": True, "small_rows": 0})
+    for env, val in (("DSV4_HC_PRENORM_ATOMIC", "0"), ("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "1")):
+        monkeypatch.setenv(env, val)
+        o, q = _poisoned(m, 24, 1, "cuda", flat=True)
+        hp.hc_prenorm_gemm(x, fn, o, q, None, impl="cuda")
+        torch.cuda.synchronize()
+        assert hp.last_launch[3] == "reduce", (env, hp.last_launch)
+        _check(x, fn, o, q, None)
+        monkeypatch.delenv(env)
 
 
 def _xchg_state(stream=None):
@@ -631,7 +749,7 @@ def test_gpu_exchange_epochs_tickets_and_changing_rows():
     hp.hc_prenorm_gemm(*_inputs(1, K, device="cuda"), *_poisoned(1, 24, 1, "cuda", flat=True), None, impl="cuda",
                        _config={"xchg": True})
     torch.cuda.synchronize()
-    assert hp.last_launch[3] is True
+    assert hp.last_launch[3] == "xchg"
     e0, t0 = _xchg_state()
     assert (t0 == 0).all(), t0
     covered = torch.zeros(64, dtype=torch.long)
@@ -643,7 +761,7 @@ def test_gpu_exchange_epochs_tickets_and_changing_rows():
         cfg = {"xchg": True, **({} if R is None else {"small_rows": R})}
         hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=cfg)
         torch.cuda.synchronize()
-        assert hp.last_launch == ("cuda", 64, R or hp.decode_rows(m, K, 1, hp.sm_count(x.device)), True), (m, R)
+        assert hp.last_launch == ("cuda", 64, R or hp.decode_rows(m, K, 1, hp.sm_count(x.device)), "xchg"), (m, R)
         covered[:m] += 1
         _check(x, fn, out, sq, None)
         epochs, tickets = _xchg_state()
@@ -651,7 +769,7 @@ def test_gpu_exchange_epochs_tickets_and_changing_rows():
         assert torch.equal((epochs - e0) % (1 << 32), covered), (m, R, epochs - e0, covered)
         o2, q2 = _poisoned(m, 24, 1, "cuda", flat=True)
         hp.hc_prenorm_gemm(x, fn, o2, q2, None, impl="cuda",
-                           _config={"small_rows": hp.last_launch[2], "xchg": False})
+                           _config={"small_rows": hp.last_launch[2], "xchg": False, "atomic": False})
         torch.cuda.synchronize()
         assert torch.equal(o2, out) and torch.equal(q2, sq), (m, R)
 
@@ -909,8 +1027,9 @@ def test_fnrow_rule(monkeypatch):
             want = m <= hp.FNROW_AUTO_MAX_M and S == 1
             assert hp.fnrow_enabled(m, 16384, S, 24) == want, (m, S)
             assert hp.fnrow_applies(m, 16384, S, 24) == (m <= hp.FNROW_MAX_M and S == 1)
-            for cfg in ({"small_rows": 1}, {"p": 2}, {"xchg": True}, {"xchg": False}):
+            for cfg in ({"small_rows": 1}, {"p": 2}, {"xchg": True}, {"xchg": False}, {"atomic": True}):
                 assert not hp.fnrow_enabled(m, 16384, S, 24, cfg)
+            assert hp.fnrow_enabled(m, 16384, S, 24, {"atomic": False}) == want
             assert hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": True})
             assert not hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": False})
     assert not hp.fnrow_applies(1, 16384, 1, 25) and not hp.fnrow_applies(1, 1 << 30, 1, 24)
@@ -933,6 +1052,42 @@ def test_decode_rows_exchange_takes_one_row_per_block(monkeypatch):
     assert hp.exchange_enabled(40, {"xchg": True}) and not hp.exchange_enabled(1, {"xchg": False})
     monkeypatch.setenv("DSV4_HC_PRENORM_XCHG", "0")
     assert not hp.exchange_enabled(1) and hp.exchange_enabled(1, {"xchg": True})
+
+
+def test_atomic_sum_policy(monkeypatch):
+    """Where num_splits None's sub-slices are added by float atomics (CPU: the rule only). On by default; off with
+    DSV4_HC_PRENORM_ATOMIC=0 or SGLang's deterministic-inference flag (the values SGLang's EnvBool takes as true),
+    or a config forcing the exchange; _config atomic decides alone. It applies to sub-slices (P > 1) of one split,
+    n = 24, out [m, 24] with unit n stride, an m stride % 4 == 0 and a 16-byte aligned base; the MMA kernel (R = 0)
+    also needs m >= 64, K % 32 == 0 and contiguous out rows."""
+    monkeypatch.delenv("DSV4_HC_PRENORM_ATOMIC", raising=False)
+    monkeypatch.delenv("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", raising=False)
+    assert not hp.deterministic_sums() and hp.atomic_enabled() and hp.atomic_enabled({"small_rows": 4})
+    assert not hp.atomic_enabled({"xchg": True}) and hp.atomic_enabled({"xchg": False})
+    assert not hp.atomic_enabled({"atomic": False}) and hp.atomic_enabled({"atomic": True, "xchg": True})
+    for env, val, det in (("DSV4_HC_PRENORM_ATOMIC", "0", True), ("DSV4_HC_PRENORM_ATOMIC", "1", False),
+                          ("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "1", True),
+                          ("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "True", True),
+                          ("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "0", False),
+                          ("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "false", False)):
+        monkeypatch.setenv(env, val)
+        assert hp.deterministic_sums() == det and hp.atomic_enabled() == (not det), (env, val)
+        assert hp.atomic_enabled({"atomic": True}) and not hp.atomic_enabled({"atomic": False})
+        monkeypatch.delenv(env)
+    buf = torch.empty(4096 + 8)
+    base = buf[(-buf.data_ptr() % 16) // 4:]   # 16-byte aligned
+    out = base[:64 * 24].view(64, 24)
+    assert hp.atomic_applies(out, 64, 16384, 24, 1, 64, 0) and hp.atomic_applies(out, 64, 16384, 24, 1, 64, 4)
+    assert not hp.atomic_applies(out, 64, 16384, 24, 1, 1, 4)      # no sub-slices
+    assert not hp.atomic_applies(out, 64, 16384, 24, 2, 64, 4)     # several splits
+    assert not hp.atomic_applies(out[:, :17], 64, 16384, 17, 1, 64, 4)   # n < 24
+    assert not hp.atomic_applies(out[:63], 63, 16384, 24, 1, 64, 0)      # the MMA kernel below 64 rows
+    assert not hp.atomic_applies(out, 64, 16400, 24, 1, 64, 0) and hp.atomic_applies(out, 64, 16400, 24, 1, 64, 4)
+    wide = base[:40 * 28].view(40, 28)[:, :24]   # m stride 28: float4 rows stay aligned
+    assert hp.atomic_applies(wide, 40, 16384, 24, 1, 64, 8) and not hp.atomic_applies(wide, 40, 16384, 24, 1, 64, 0)
+    assert not hp.atomic_applies(base[:40 * 26].view(40, 26)[:, :24], 40, 16384, 24, 1, 64, 8)   # m stride 26
+    assert not hp.atomic_applies(base[1:1 + 40 * 24].view(40, 24), 40, 16384, 24, 1, 64, 8)      # 4-byte offset
+    assert not hp.atomic_applies(base[:48 * 24].view(24, 48).T[:40], 40, 16384, 24, 1, 64, 8)    # n stride 48
 
 
 def test_small_sub_splits():
@@ -1063,7 +1218,7 @@ def _fuzz_call(seed):
     elif impl == "cuda" and m <= 128 and r.random() < 0.4:   # the few-rows kernel forced, any rows per block
         cfg = {"small_rows": r.choice(hp._SMALL_ROWS)}
         xr = random.Random(seed * 7 + 1)   # (own generator: the other draws stay those of before)
-        cfg.update(xr.choice([{}, {"xchg": False}, {"xchg": True}]))
+        cfg.update(xr.choice([{}, {"xchg": False}, {"xchg": True}, {"xchg": False, "atomic": False}]))
     desc = (f"seed {seed}: m={m} K={K} n={n} num_splits={num_splits} impl={impl} cfg={cfg} tf32={tf32} "
             f"x_stride={tuple(x.stride())} fn_stride={tuple(fn.stride())} out={tuple(out.shape)}{tuple(out.stride())} "
             f"sq={tuple(sq.shape)}{tuple(sq.stride())} sms={sms}")
@@ -1105,6 +1260,11 @@ def test_gpu_fuzz(monkeypatch, seed):
         f"exchange tickets not reset: {desc}"
     if seed % 3 == 0:   # every third call also replayed from a CUDA graph: the same bits (fixed summation order)
         eo, es = out.clone(), sq.clone()
+        atomic = hp.last_launch[0] == "cuda" and hp.last_launch[3] == "atomic"
         replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl=impl, _config=cfg),
                            lambda _: (out, sq))
-        assert torch.equal(out, eo) and torch.equal(sq, es), f"graph replay differs from eager: {desc}"
+        if atomic:   # the order of the atomic additions may differ between calls: float64 decides
+            with named(f"{desc} replayed {hp.last_launch}"):
+                _check(x, fn, out, sq, num_splits)
+        else:
+            assert torch.equal(out, eo) and torch.equal(sq, es), f"graph replay differs from eager: {desc}"

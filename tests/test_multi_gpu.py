@@ -151,9 +151,10 @@ def test_hc_prenorm_both_kernels_on_the_second_gpu(impl, P, num_splits):
 @two_gpus
 def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
     """The decode kernels (kernel_small.cuh) at DeepSeek-V4's K on cuda:1 while cuda:0 is current: SGLang's 64
-    splits, and num_splits None (m = 1: the whole-K kernel; m = 33: sub-slice partials in the per-stream workspace
-    summed by the reduce grid); eager against float64, then a CUDA graph captured on cuda:1 replays the eager
-    result onto poisoned outputs."""
+    splits, and num_splits None (m = 1: the whole-K kernel; m = 33: sub-slices added by float atomics after the zero
+    kernel, and with the fixed order asked for, their partials in the per-stream workspace summed by the reduce
+    grid); eager against float64, then a CUDA graph captured on cuda:1 replays onto poisoned outputs the eager
+    result (fixed order) or a result float64 accepts (atomic sum)."""
     from fuzz import replay_on_poisoned
     from test_hc_prenorm import _check, _inputs, _poisoned
 
@@ -161,19 +162,25 @@ def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
 
     _needs_hc_prenorm_extension()
     x, fn = _inputs(m, 16384, device=OTHER, seed=40 + m)
-    out, sq = _poisoned(m, 24, num_splits or 1, OTHER, flat=num_splits is None)
-    hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda")
-    torch.cuda.synchronize(1)
-    if hp.fnrow_enabled(m, 16384, num_splits or 1, 24):   # m = 1 one split: the whole-K kernel
-        assert hp.last_launch == ("cuda", 1, "fnrow", False), hp.last_launch
-    else:
-        assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0, hp.last_launch   # R > 0: the few-rows kernel
-    assert out.device == torch.device(OTHER) and sq.device == torch.device(OTHER)
-    _check(x, fn, out, sq, num_splits)
-    e_out, e_sq = out.clone(), sq.clone()
-    with torch.cuda.device(1):
-        replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda"), lambda _: (out, sq))
-    assert torch.equal(out, e_out) and torch.equal(sq, e_sq)
+    for cfg in (None, {"atomic": False}):
+        out, sq = _poisoned(m, 24, num_splits or 1, OTHER, flat=num_splits is None)
+        hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
+        torch.cuda.synchronize(1)
+        if hp.fnrow_enabled(m, 16384, num_splits or 1, 24, cfg):   # m = 1 one split: the whole-K kernel
+            assert hp.last_launch == ("cuda", 1, "fnrow", None), hp.last_launch
+        else:   # R > 0: the few-rows kernel; num_splits None: atomic unless asked not to
+            want = None if num_splits else "reduce" if cfg else "atomic"
+            assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0 and hp.last_launch[3] == want, hp.last_launch
+        assert out.device == torch.device(OTHER) and sq.device == torch.device(OTHER)
+        _check(x, fn, out, sq, num_splits)
+        e_out, e_sq, atomic = out.clone(), sq.clone(), hp.last_launch[3] == "atomic"
+        with torch.cuda.device(1):
+            replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg),
+                               lambda _: (out, sq))
+        if atomic:
+            _check(x, fn, out, sq, num_splits)
+        else:
+            assert torch.equal(out, e_out) and torch.equal(sq, e_sq)
 
 
 @pytest.mark.parametrize("impl", ["dequant", "cuda_decode"])
@@ -241,7 +248,7 @@ def test_alternating_gpus_keep_their_own_state():
             out, sq = _poisoned(m, 24, 1, d, flat=True)
             hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config={"xchg": True})
             torch.cuda.synchronize(d)
-            assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0 and hp.last_launch[3], hp.last_launch
+            assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0 and hp.last_launch[3] == "xchg", hp.last_launch
             assert all(b.device == torch.device(d) for k, b in hp._XCHG.items() if k[0] == torch.device(d).index)
             _check(x, fn, out, sq, None)
             o, l = sd.sparse_decode(**cases[d])

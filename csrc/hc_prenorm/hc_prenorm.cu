@@ -1,4 +1,5 @@
 // Launcher of the hc_prenorm GEMM kernel (see kernel.cuh).
+#include <algorithm>
 #include "hc_prenorm/kernel.cuh"
 #include "hc_prenorm/kernel_small.cuh"
 
@@ -11,16 +12,17 @@ static PdlSwitch g_hc_pdl("DSV4_HC_PRENORM_PDL");   // "0": plain launches (same
 static_assert(hcs::kXChains == hcp::kRedWarps, "xchg_consume's chains must be the reduce grid's warps");
 
 // the few-rows kernel's instances by rows per block R = small_rows: <x rows per lane, fn rows per lane, row
-// groups, columns per lane and round>, with or without the in-launch sum of the sub-slices (kXchg)
-template <bool kXchg>
+// groups, columns per lane and round>, with or without the in-launch sum of the sub-slices (kXchg) or their atomic
+// sum (kAtomic)
+template <bool kXchg, bool kAtomic = false>
 static cudaError_t launch_small(const HcPrenormParams& q, dim3 grid, bool pdl, cudaStream_t stream) {
   using namespace hcs;
   switch (q.small_rows) {
-    case 1: return launch_kernel(hc_prenorm_small_kernel<1, 3, 1, 2, kXchg>, grid, kThreads, 0, pdl, stream, q);
-    case 2: return launch_kernel(hc_prenorm_small_kernel<1, 3, 2, 4, kXchg>, grid, kThreads, 0, pdl, stream, q);
-    case 4: return launch_kernel(hc_prenorm_small_kernel<1, 3, 4, 4, kXchg>, grid, kThreads, 0, pdl, stream, q);
-    case 8: return launch_kernel(hc_prenorm_small_kernel<2, 3, 4, 4, kXchg>, grid, kThreads, 0, pdl, stream, q);
-    case 16: return launch_kernel(hc_prenorm_small_kernel<4, 3, 4, 4, kXchg>, grid, kThreads, 0, pdl, stream, q);
+    case 1: return launch_kernel(hc_prenorm_small_kernel<1, 3, 1, 2, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
+    case 2: return launch_kernel(hc_prenorm_small_kernel<1, 3, 2, 4, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
+    case 4: return launch_kernel(hc_prenorm_small_kernel<1, 3, 4, 4, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
+    case 8: return launch_kernel(hc_prenorm_small_kernel<2, 3, 4, 4, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
+    case 16: return launch_kernel(hc_prenorm_small_kernel<4, 3, 4, 4, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
     default: return cudaErrorInvalidValue;   // api.cu refuses it by name first
   }
 }
@@ -48,6 +50,27 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
     return launch_kernel(hc_prenorm_reduce_kernel, dim3((unsigned)((units + 31) / 32)), 32 * kRedWarps, 0, pdl,
                          stream, p);
   };
+  if (p.atomic_sum) {
+    // P > 1 sub-slices of one split (api.cu checks the shapes): the zero kernel, then the GEMM grid adds every
+    // sub-slice's sums into the caller's out / sqrsum (its S stride 0: one [m, 24] for all); see kernel_small.cuh
+    const int64_t zeros = p.m * (p.n + 1);
+    e = launch_kernel(hc_prenorm_zero_kernel,
+                      dim3((unsigned)std::min<int64_t>((zeros + kZeroThreads - 1) / kZeroThreads, kZeroMaxBlocks)),
+                      kZeroThreads, 0, pdl, stream, p);
+    if (e != cudaSuccess) return e;
+    HcPrenormParams q = p;
+    q.out_stride_s = 0;
+    q.sq_stride_s = 0;
+    if (p.small_rows > 0) {   // the few-rows kernel sees the P sub-slices as P splits
+      q.num_splits = p.sub_splits;
+      q.sub_splits = 1;
+      return launch_small<false, true>(
+          q, dim3((unsigned)q.num_splits, (unsigned)((p.m + p.small_rows - 1) / p.small_rows)), pdl, stream);
+    }
+    return launch_kernel(hc_prenorm_kernel<true, true>,
+                         dim3((unsigned)((p.m + kRows - 1) / kRows), (unsigned)p.sub_splits), kThreads, 0, pdl,
+                         stream, q);
+  }
   if (p.fn_row_kernel) {   // m <= 2, one split (api.cu): one block per fn row over the whole K
     // <x rows, float4 columns per thread and round>: <= 64 registers for 1024 threads, no spills (sm_120a / sm_90a).
     // (m = 3 / 4 instances with two rounds were slower than the exchange: 4.2 / 4.7 against 3.7 us, H100 run 19)

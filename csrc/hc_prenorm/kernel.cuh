@@ -101,11 +101,15 @@ __device__ __forceinline__ uint4 ld_stream(const void* ptr) {
 // [S * P, m], so block (mt, z = s P + q) stores its partial as z; hc_prenorm_reduce_kernel sums them. (The
 // last-block hand-off of the general kernel, compiled into this one, made its sm_120a build spill 4-16 B:
 // the main loop is at the 255-register limit; run 13.)
-template <bool kFast>
+// kAtomic (kFast only; p.atomic_sum, one caller split, P > 1): every block adds its float4 sums into the caller's out
+// [m, 24] and sqrsum (out_stride_s = sq_stride_s = 0 from the launcher), zeroed by hc_prenorm_zero_kernel just before;
+// its PDL wait comes before those atomics, not before the loads, as in the few-rows kernel (kernel_small.cuh).
+template <bool kFast, bool kAtomic = false>
 __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenormParams p) {
+  static_assert(kFast || !kAtomic, "the atomic sum is an epilogue of the kFast kernel");
   __shared__ __align__(16) float red[kWarps / 2][kPart];
   __shared__ int s_last;
-  pdl_wait();   // x / fn may come from the previous kernel of the stream
+  if constexpr (!kAtomic) pdl_wait();   // x / fn may come from the previous kernel of the stream
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -269,6 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
     // (z = s when P = 1; P > 1: out is the workspace, see above).
     const int64_t z = blockIdx.y;
     constexpr int kVecOut = kRows * kN / 4;
+    if constexpr (kAtomic) pdl_wait();   // out / sqrsum zeroed by the zero kernel
     for (int t = tid; t < kVecOut; t += kThreads) {
       const int off = (t / (kN / 4)) * kPitch + 4 * (t % (kN / 4));
       float4 v = *(const float4*)(&red[0][off]);
@@ -278,11 +283,16 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
         v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
       }
       const int64_t r = rb + t / (kN / 4);
-      if (r >= row0) *(float4*)(p.out + z * p.out_stride_s + r * kN + 4 * (t % (kN / 4))) = v;
+      if (r >= row0) {
+        float4* o = (float4*)(p.out + z * p.out_stride_s + r * kN + 4 * (t % (kN / 4)));
+        if constexpr (kAtomic) atomicAdd(o, v); else *o = v;
+      }
     }
     if (tid < kRows && rb + tid >= row0) {
       const int off = kRows * kPitch + tid;
-      p.sqrsum[z * p.sq_stride_s + (rb + tid) * p.sq_stride_m] = ((red[0][off] + red[1][off]) + red[2][off]) + red[3][off];
+      const float v = ((red[0][off] + red[1][off]) + red[2][off]) + red[3][off];
+      float* o = p.sqrsum + z * p.sq_stride_s + (rb + tid) * p.sq_stride_m;
+      if constexpr (kAtomic) atomicAdd(o, v); else *o = v;
     }
     return;
   }
@@ -360,6 +370,26 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
 //      start (the reduce blocks then crowd the few SMs the GEMM grid leaves free) 1.09 / 1.05 / 1.03x slower
 //      at m = 256 / 512 / 1024 than none.
 constexpr int kRedWarps = 8;   // 256 threads, 4 KB of static shared memory
+
+// ---- the atomic sum's first grid (p.atomic_sum): zeroes the caller's out [m, n] and sqrsum [m] (one split, any
+//      strides), which the next grid (the few-rows or the kFast kernel with kAtomic) adds its sub-slice sums into.
+//      It waits for the previous kernel of the stream first (out's memory may still be read there) and only then
+//      lets the next grid launch, which is what lets that grid load x / fn before its own PDL wait. Why a second
+//      grid before instead of the reduce grid after: this one has nothing to wait for but the previous kernel,
+//      while the reduce grid waits for the slowest GEMM block and reads every partial back from L2 (H100 run 21,
+//      num_splits None: m = 16 4.2 against 5.1 us, m = 512 10.0 against 11.3).
+constexpr int kZeroThreads = 256;
+constexpr int kZeroMaxBlocks = 1024;   // grid-stride beyond m (n + 1) = 262144 values
+__global__ void __launch_bounds__(kZeroThreads) hc_prenorm_zero_kernel(const HcPrenormParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t w = p.n + 1, tot = p.m * w;
+  for (int64_t i = (int64_t)blockIdx.x * kZeroThreads + threadIdx.x; i < tot; i += (int64_t)gridDim.x * kZeroThreads) {
+    const int64_t r = i / w, j = i - r * w;
+    if (j < p.n) p.out[r * p.out_stride_m + j * p.out_stride_n] = 0.f;
+    else p.sqrsum[r * p.sq_stride_m] = 0.f;
+  }
+}
 __global__ void __launch_bounds__(32 * kRedWarps) hc_prenorm_reduce_kernel(const HcPrenormParams p) {
   __shared__ float4 acc[kRedWarps][32];
   pdl_wait();

@@ -19,7 +19,9 @@
 // (num_splits None: SGLang's hc_pre DeepGEMM branch, docs/hc_prenorm.md section 5) the launcher runs it on P
 // splits of <= 256 into the workspace (DeepGEMM's partition into P splits is the partition of one split into P
 // sub-slices) and hc_prenorm_reduce_kernel (kernel.cuh) sums them, as for the MMA kernel's fast instance, or, with
-// an exchange buffer (p.xchg, kXchg), the kernel sums them itself (see xchg_consume): no second grid.
+// an exchange buffer (p.xchg, kXchg), the kernel sums them itself (see xchg_consume): no second grid, or (p.atomic_sum,
+// kAtomic) every block adds its values into the caller's out / sqrsum, zeroed by hc_prenorm_zero_kernel (kernel.cuh)
+// launched just before: no second grid after it and no partials, at the price of a sum order that depends on timing.
 #pragma once
 #include <cuda_bf16.h>
 #include <type_traits>
@@ -181,8 +183,16 @@ __device__ __forceinline__ void halve_steps(float* v, int kt, int& idx0) {
 // that order, 2-19 % slower); every lane computes the square-sums (4 FMA per x row and column next to kJ x 4),
 // the fn-row group 0 lanes store them.
 // kXchg: P > 1 sub-slices summed in the launch through p.xchg (see xchg_consume) instead of stored as partials.
-template <int kRT, int kJ, int kTR, int kU, bool kXchg = false>
+// kAtomic: P > 1 sub-slices added into the caller's out [m, 24] / sqrsum [m] (out_stride_s = sq_stride_s = 0 from
+// the launcher), which hc_prenorm_zero_kernel, the grid before this one, zeroes. The block's values go through
+// shared memory so that out leaves as float4 atomics (4x fewer than one per value; H100 run 21: scalar atomics
+// cost up to 1.5 us more at R = 16, where all blocks finish in one burst). The x / fn loads come before this grid's
+// PDL wait: the zero kernel calls launch_dependents only after its own wait, so when this grid starts the kernel
+// before the zero kernel has completed and its writes are visible; the wait here, before the atomics, is for
+// the zeroed out (run 21: 0.2-0.4 us less than waiting at the start).
+template <int kRT, int kJ, int kTR, int kU, bool kXchg = false, bool kAtomic = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_kernel(const HcPrenormParams p) {
+  static_assert(!(kXchg && kAtomic), "one way of summing the sub-slices");
   constexpr int kJG = DSV4_HC_PRENORM_MAX_N / kJ;    // fn-row groups
   constexpr int kTK = kThreads / (kTR * kJG);        // lanes along K per slot
   constexpr int kRound = kTK * kU;                   // float4 columns per round of loads
@@ -242,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
         for (int jj = 0; jj < kJ; ++jj) acc[rr][jj] = dot4(xf, f[u][jj], acc[rr][jj]);
       }
   };
-  pdl_wait();   // x / fn may come from the previous kernel of the stream
+  if constexpr (!kAtomic) pdl_wait();   // x / fn may come from the previous kernel of the stream (kAtomic: above)
   // kXchg: the ticket and the epochs of the lane's rows, loaded now and used only after the sums (no wait)
   uint32_t ticket = 0, epoch[kRT];
   if constexpr (kXchg) {
@@ -306,6 +316,37 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
     if (tid == 0) last = ticket == gridDim.x - 1;
     __syncthreads();
     if (last) xchg_consume<kRT * kTR>(p, xc);
+    return;
+  }
+  if constexpr (kAtomic) {
+    // the block's values as out rows [R][24] and square-sums [R] in shared memory, then one float4 atomic per four
+    // fn rows of a row and one scalar atomic per square-sum
+    constexpr int kR = kRT * kTR, kN = DSV4_HC_PRENORM_MAX_N, kQ = kN / 4;
+    __shared__ __align__(16) float blk[kR * kN + kR];
+    if (kCopies == 1 || kt % kCopies == 0) {
+#pragma unroll
+      for (int i = 0; i < kVL; ++i) {
+        const int idx = idx0 + i;
+        if (idx < kRT * kJ) {
+          const int rr = idx / kJ;
+          blk[(tr * kRT + rr) * kN + jg * kJ + (idx - rr * kJ)] = v[i];
+        } else if (idx < kV0 && jg == 0) {
+          blk[kR * kN + tr * kRT + (idx - kRT * kJ)] = v[i];
+        }
+      }
+    }
+    __syncthreads();
+    pdl_wait();   // out / sqrsum zeroed by the zero kernel
+    const int64_t rb = (int64_t)blockIdx.y * kR;
+    for (int t = tid; t < kR * kQ + kR; t += kThreads) {
+      if (t < kR * kQ) {
+        const int rr = t / kQ, q4 = t - rr * kQ;
+        if (rb + rr < p.m)
+          atomicAdd((float4*)(p.out + (rb + rr) * p.out_stride_m) + q4, *(const float4*)(blk + rr * kN + 4 * q4));
+      } else if (rb + (t - kR * kQ) < p.m) {
+        atomicAdd(p.sqrsum + (rb + (t - kR * kQ)) * p.sq_stride_m, blk[kR * kN + (t - kR * kQ)]);
+      }
+    }
     return;
   }
   if (kCopies > 1 && kt % kCopies != 0) return;   // a copy: another lane stores it

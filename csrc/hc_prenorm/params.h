@@ -59,6 +59,11 @@ typedef struct HcPrenormParams {
   int64_t fn_row_kernel;  // 1: the whole-K kernel (kernel_small.cuh hc_prenorm_fnrow_kernel): one block per fn row,
                           // m <= DSV4_HC_PRENORM_FNROW_MAX_M, one split, no sub-slices (small_rows 0, no workspace,
                           // no xchg): no cross-block sum
+  int64_t atomic_sum;     // 1: the P > 1 sub-slices of one split are added into the caller's out / sqrsum with float
+                          // atomics after a zero kernel (no workspace, no reduce grid; the sum order, so the last
+                          // bits, may differ between calls): n = 24, out with unit n stride, m stride % 4 == 0 and a
+                          // 16-byte aligned base; small_rows 0 (the MMA kernel) also needs its kFast shape (m >= 64,
+                          // K % 32 == 0, out rows contiguous: m stride 24); no xchg
 } HcPrenormParams;
 
 #ifdef __cplusplus

@@ -51,6 +51,15 @@ own launch at m = 3-8 (run 18: tagged partials, the row block's last block to st
 m = 4 / 8), by a second (reduce) grid from m = 9 (``decode_rows``, ``exchange_enabled``). At m <= 2 with one split
 the whole-K kernel (run 19: one 1024-thread block per fn row over all of K, no partials; 2.55 / 2.97 us at m = 1 /
 2) takes the call instead (``fnrow_enabled``).
+
+Atomic sum (run 21, ``atomic_enabled`` / ``atomic_applies``): by default the sub-slices of num_splits None (the
+few-rows kernel at m = 3-63, the MMA kernel's kFast instance from m = 64) are not summed by the exchange or a
+reduce grid: a zero kernel clears the caller's out / sqrsum, then every block adds its sums with float4 atomics
+(H100, num_splits None: m = 4 / 8 / 16 / 32 / 63 in 3.2 / 3.6 / 4.2 / 4.7 / 6.1 us against 3.7 / 4.4 / 5.1 / 5.7 /
+7.2 before; m = 512 10.0 against 11.3). The order of those additions depends on timing, so the last bits of out /
+sqrsum may differ between two identical calls (the float64 error bound is the same). Env DSV4_HC_PRENORM_ATOMIC=0,
+or SGLang's deterministic inference (``--enable-deterministic-inference``, which sets
+SGLANG_ENABLE_DETERMINISTIC_INFERENCE in its workers), keeps the fixed-order sums.
 """
 from __future__ import annotations
 
@@ -353,6 +362,38 @@ def exchange_enabled(m: int, _config=None) -> bool:
     if _config is not None and "xchg" in _config:
         return bool(_config["xchg"])
     return os.environ.get("DSV4_HC_PRENORM_XCHG", "1") != "0" and m <= XCHG_AUTO_MAX_M
+
+
+ATOMIC_ENV = "DSV4_HC_PRENORM_ATOMIC"
+SGLANG_DETERMINISTIC_ENV = "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"   # set by SGLang from --enable-deterministic-inference
+
+
+def deterministic_sums() -> bool:
+    """Whether the fixed-order sums are required: env DSV4_HC_PRENORM_ATOMIC=0, or SGLang's deterministic inference
+    (its env flag, truthy as SGLang's EnvBool reads it)."""
+    if os.environ.get(ATOMIC_ENV, "1") == "0":
+        return True
+    return os.environ.get(SGLANG_DETERMINISTIC_ENV, "").strip().lower() in ("1", "true", "yes", "y", "on")
+
+
+def atomic_enabled(_config=None) -> bool:
+    """Whether num_splits None's sub-slices may be summed with float atomics (``atomic_applies`` says where they can):
+    ``_config["atomic"]`` if given; else not when the config forces the exchange (``xchg`` true); else unless
+    ``deterministic_sums``."""
+    cfg = _config or {}
+    if "atomic" in cfg:
+        return bool(cfg["atomic"])
+    return not cfg.get("xchg") and not deterministic_sums()
+
+
+def atomic_applies(out2, m: int, K: int, n: int, S: int, P: int, R: int) -> bool:
+    """Whether the atomic sum can take a call (csrc/api.cu atomic_sum): sub-slices (P > 1) of one split, n = 24, out
+    [m, 24] with unit n stride, an m stride that keeps float4 rows aligned and a 16-byte aligned base; the MMA kernel
+    (R = 0) only as its kFast instance (m >= 64, K % 32 == 0, out rows contiguous)."""
+    if not (P > 1 and S == 1 and n == _CUDA_MAX_N and out2.stride(-1) == 1 and out2.stride(-2) % 4 == 0
+            and out2.data_ptr() % 16 == 0):
+        return False
+    return R > 0 or (m >= _CUDA_ROWS and K % _CUDA_CHUNK == 0 and out2.stride(-2) == _CUDA_MAX_N)
 
 
 def _workspace(device: torch.device, numel: int, dtype=torch.float32) -> torch.Tensor:
@@ -664,12 +705,14 @@ def fnrow_applies(m: int, K: int, S: int, n: int) -> bool:
 
 def fnrow_enabled(m: int, K: int, S: int, n: int, _config=None) -> bool:
     """Whether a call goes to the whole-K kernel: ``_config["fnrow"]`` if given; else not when the config picks
-    another path (``small_rows``, ``p``, ``xchg``) or env DSV4_HC_PRENORM_FNROW=0; else where the few-rows kernel
-    would take the call with one split at m <= FNROW_AUTO_MAX_M."""
+    another path (``small_rows``, ``p``, ``xchg``, ``atomic`` true) or env DSV4_HC_PRENORM_FNROW=0; else where the
+    few-rows kernel would take the call with one split at m <= FNROW_AUTO_MAX_M (H100 run 21: at m = 1 it beats the
+    atomic sum too, 2.55 against 2.82 us)."""
     cfg = _config or {}
     if "fnrow" in cfg:
         return bool(cfg["fnrow"])
-    if {"small_rows", "p", "xchg"} & set(cfg) or os.environ.get("DSV4_HC_PRENORM_FNROW", "1") == "0":
+    if ({"small_rows", "p", "xchg"} & set(cfg) or cfg.get("atomic")
+            or os.environ.get("DSV4_HC_PRENORM_FNROW", "1") == "0"):
         return False
     return m <= FNROW_AUTO_MAX_M and fnrow_applies(m, K, S, n) and small_applies(m, K, S, n)
 
@@ -726,25 +769,28 @@ def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
     return "triton"
 
 
-def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False):
+def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, atomic=False):
     """One launch of csrc/hc_prenorm on the current stream (no host sync; the workspace and counters are
     the persistent per-stream buffers of the Triton path, sized by shapes only). ``xchg``: the few-rows
-    kernel's sub-slices (R > 0, P > 1) are summed in its launch through the exchange buffer where one exists."""
+    kernel's sub-slices (R > 0, P > 1) are summed in its launch through the exchange buffer where one exists.
+    ``atomic`` (P > 1, the caller checked atomic_applies): they are added into out / sqrsum after a zero kernel."""
     from deepseek_v4_kernel._ext import HcPrenormParams, load
 
     dev = x.device
     cnt = xbuf = None
-    if P > 1 and not R:   # the MMA kernel's general instance hands off through counters
+    atomic = atomic and P > 1
+    if P > 1 and not R and not atomic:   # the MMA kernel's general instance hands off through counters
         cnt = _counters(dev)
         if cnt is None:  # capturing a graph before any eager call on this stream
             P = 1
-    if P > 1 and R and xchg and m <= XCHG_MAX_M:
+    if P > 1 and R and xchg and not atomic and m <= XCHG_MAX_M:
         xbuf = _exchange(dev)   # None: capturing before any eager call on this stream -> the reduce grid
     p = HcPrenormParams()
     p.fn_row_kernel = int(fnrow)   # the whole-K kernel (P = 1, R = 0)
+    p.atomic_sum = int(atomic)     # no workspace, no counters, no exchange buffer
     if xbuf is not None:
         p.xchg = xbuf.data_ptr()
-    elif P > 1:
+    elif P > 1 and not atomic:
         p.ws = _workspace(dev, S * triton.cdiv(m, _CUDA_ROWS) * P * _CUDA_OUT).data_ptr()
         if cnt is not None:
             p.counters = cnt.data_ptr()
@@ -759,11 +805,13 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False):
     if rc != 0:
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
     global last_launch
-    last_launch = ("cuda", P, "fnrow" if fnrow else R, xbuf is not None)
+    last_launch = ("cuda", P, "fnrow" if fnrow else R,
+                   None if P == 1 else "atomic" if atomic else "xchg" if xbuf is not None else "reduce")
 
 
-last_launch = None  # ("cuda", P, R, exchange used) (R > 0: the few-rows kernel, "fnrow": the whole-K kernel) or
-                    # ("triton", cfg) of the latest call (tests, bench)
+last_launch = None  # ("cuda", P, R, sum) (R > 0: the few-rows kernel, "fnrow": the whole-K kernel; sum: how the P > 1
+                    # sub-slices were added: "atomic", "xchg" (the exchange) or "reduce" (the reduce grid, or the MMA
+                    # kernel's last block), None for P = 1) or ("triton", cfg) of the latest call (tests, bench)
 
 
 @on_input_device
@@ -772,8 +820,9 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
 
     ``impl``: "auto" / "triton" / "cuda" (pick_impl). ``_config`` (dict, optional) overrides the Triton
     tile choice (bench sweeps only); with impl "cuda" only its ``p`` (the sub-split count) and ``small_rows``
-    (the few-rows kernel's rows per block; 0: the MMA kernel), ``xchg`` (exchange_enabled) and ``fnrow``
-    (fnrow_enabled) are read."""
+    (the few-rows kernel's rows per block; 0: the MMA kernel), ``xchg`` (exchange_enabled), ``atomic``
+    (atomic_enabled; true is refused by name where atomic_applies does not hold) and ``fnrow`` (fnrow_enabled)
+    are read."""
     m, K, n, S = _check(x, fn, out, sqrsum, num_splits)
     if m == 0:
         return None
@@ -788,21 +837,34 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
                             "and without small_rows / p", f"m={m} splits={S} n={n} K={K} config={_config}")
             _cuda_gemm(x, fn, out3, sq2, m, K, n, S, 1, 0, False, True)
             return None
-        R = (_config or {}).get("small_rows")
-        xchg = exchange_enabled(m, _config)
+        cfg = _config or {}
+        R = cfg.get("small_rows")
+        atomic = atomic_enabled(_config)
+        if atomic and cfg.get("xchg"):
+            raise _fail("_config atomic", "not together with xchg (one way of summing the sub-slices)", cfg)
         if R is None:   # a forced sub-split count p means the MMA kernel
-            R = 0 if (_config or {}).get("p") else decode_rows(m, K, S, num_sms, n, xchg)
-        elif R and (R not in _SMALL_ROWS or triton.cdiv(m, R) > 65535 or (_config or {}).get("p") is not None):
+            R = 0 if cfg.get("p") else small_rows(m, K, S, num_sms, n)
+            P = (small_sub_splits(K, S, n) or 1) if R else 0
+            if R and not (atomic and atomic_applies(out3, m, K, n, S, P, R)):   # no atomic sum: as before run 21
+                R = decode_rows(m, K, S, num_sms, n, exchange_enabled(m, _config))
+        elif R and (R not in _SMALL_ROWS or triton.cdiv(m, R) > 65535 or cfg.get("p") is not None):
             raise _fail("_config small_rows", f"0 or one of {_SMALL_ROWS} (without p, and ceil(m / R) <= 65535)", R)
         if R:   # forced onto a shape the rule does not take: whole splits, however wide (correct, slow)
-            _cuda_gemm(x, fn, out3, sq2, m, K, n, S, small_sub_splits(K, S, n) or 1, R, xchg)
-            return None
-        P = (_config or {}).get("p") or cuda_sub_splits(m, K, S, num_sms)
-        groups = triton.cdiv(m, _CUDA_ROWS) * S
-        if not (1 <= P <= _CUDA_MAX_SUB and (P == 1 or groups <= _COUNTER_CAP)):
-            raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda' (1 when m tiles x splits = {groups} "
-                        f"> {_COUNTER_CAP} counters)", P)
-        _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P)
+            P = small_sub_splits(K, S, n) or 1
+        else:
+            P = cfg.get("p") or cuda_sub_splits(m, K, S, num_sms)
+            groups = triton.cdiv(m, _CUDA_ROWS) * S
+            if not (1 <= P <= _CUDA_MAX_SUB and (P == 1 or groups <= _COUNTER_CAP)):
+                raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda' (1 when m tiles x splits = {groups} "
+                            f"> {_COUNTER_CAP} counters)", P)
+        use_atomic = atomic and atomic_applies(out3, m, K, n, S, P, R)
+        if cfg.get("atomic") and not use_atomic:
+            raise _fail("_config atomic", "sub-slices (P > 1) of one split, n = 24, out [m, 24] with unit n stride, "
+                        "m stride % 4 == 0 and a 16-byte aligned base (the MMA kernel: m >= 64, K % 32 == 0, out "
+                        "rows contiguous)", f"m={m} K={K} n={n} splits={S} P={P} rows={R} out strides "
+                        f"{tuple(out3.stride())}")
+        _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R, (not use_atomic) and exchange_enabled(m, _config),
+                   atomic=use_atomic)
         return None
     bf16x2 = _precision()
     num_sms = sm_count(dev) if dev.type == "cuda" else 8
