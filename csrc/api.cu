@@ -162,12 +162,14 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
     if (p->atomic_sum != 0 &&
         (p->atomic_sum != 1 || p->sub_splits < 2 || p->num_splits != 1 || p->n != DSV4_HC_PRENORM_MAX_N ||
          p->xchg != nullptr || p->fn_row_kernel != 0 || p->out_stride_n != 1 || p->out_stride_m % 4 != 0 ||
-         (uintptr_t)p->out % 16 != 0 || (r == 0 && (p->m < 64 || p->K % 32 != 0 || p->out_stride_m != 24)))) {
+         (uintptr_t)p->out % 16 != 0 ||
+         (r == 0 && (p->m < 64 || p->K % 32 != 0 || p->out_stride_m != DSV4_HC_PRENORM_MAX_N)))) {
       snprintf(g_last_error, sizeof(g_last_error),
-               "hc_prenorm: bad atomic_sum=%lld (expected 0, or 1 with sub_splits > 1, one split, n = %d, no xchg, "
-               "no fn_row_kernel, out with unit n stride, m stride %% 4 == 0 and a 16-byte aligned base, and with "
-               "small_rows 0 also m >= 64, K %% 32 == 0 and out m stride 24; got sub_splits=%lld, splits=%lld, "
-               "n=%lld, m=%lld, K=%lld, small_rows=%lld, out strides (m %lld, n %lld), out %% 16 = %d)",
+               "hc_prenorm: bad atomic_sum=%lld (expected 0, or 1 with sub_splits > 1, one split, n = %d, "
+               "no xchg, no fn_row_kernel, out with unit n stride, m stride %% 4 == 0 and a 16-byte aligned "
+               "base, and with small_rows 0 also m >= 64, K %% 32 == 0 and out m stride 24; got "
+               "sub_splits=%lld, splits=%lld, n=%lld, m=%lld, K=%lld, small_rows=%lld, out strides (m %lld, "
+               "n %lld), out %% 16 = %d)",
                (long long)p->atomic_sum, DSV4_HC_PRENORM_MAX_N, (long long)p->sub_splits, (long long)p->num_splits,
                (long long)p->n, (long long)p->m, (long long)p->K, r, (long long)p->out_stride_m,
                (long long)p->out_stride_n, (int)((uintptr_t)p->out % 16));

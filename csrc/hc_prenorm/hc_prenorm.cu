@@ -17,12 +17,15 @@ static_assert(hcs::kXChains == hcp::kRedWarps, "xchg_consume's chains must be th
 template <bool kXchg, bool kAtomic = false>
 static cudaError_t launch_small(const HcPrenormParams& q, dim3 grid, bool pdl, cudaStream_t stream) {
   using namespace hcs;
+  const auto go = [&](void (*kernel)(HcPrenormParams)) {
+    return launch_kernel(kernel, grid, kThreads, 0, pdl, stream, q);
+  };
   switch (q.small_rows) {
-    case 1: return launch_kernel(hc_prenorm_small_kernel<1, 3, 1, 2, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
-    case 2: return launch_kernel(hc_prenorm_small_kernel<1, 3, 2, 4, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
-    case 4: return launch_kernel(hc_prenorm_small_kernel<1, 3, 4, 4, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
-    case 8: return launch_kernel(hc_prenorm_small_kernel<2, 3, 4, 4, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
-    case 16: return launch_kernel(hc_prenorm_small_kernel<4, 3, 4, 4, kXchg, kAtomic>, grid, kThreads, 0, pdl, stream, q);
+    case 1: return go(hc_prenorm_small_kernel<1, 3, 1, 2, kXchg, kAtomic>);
+    case 2: return go(hc_prenorm_small_kernel<1, 3, 2, 4, kXchg, kAtomic>);
+    case 4: return go(hc_prenorm_small_kernel<1, 3, 4, 4, kXchg, kAtomic>);
+    case 8: return go(hc_prenorm_small_kernel<2, 3, 4, 4, kXchg, kAtomic>);
+    case 16: return go(hc_prenorm_small_kernel<4, 3, 4, 4, kXchg, kAtomic>);
     default: return cudaErrorInvalidValue;   // api.cu refuses it by name first
   }
 }
