@@ -212,7 +212,7 @@ def cuda_sweep(ms, bw, n_sms, reps):
                                                             impl="cuda", _config=cfg) for s in sets]
                     t = time_graph(calls, reps)
                     rec = dict(m=m, S=S, P=P, sum=how, us=t, floor_pct=100 * (per / bw * 1e6) / t, rel_err=err,
-                               picked=P == hp.cuda_sub_splits(m, K, S, n_sms)
+                               picked=P == hp.cuda_sub_splits(m, K, S, n_sms, bool(atomic_ok and hp.atomic_enabled()))
                                and (atomic is None or atomic == hp.atomic_enabled()))
                     out.append(rec)
                     print(f"  cuda m={m:5d} S={S:3d} P={P:3d} {how or '':>6}: {t:8.2f} us {rec['floor_pct']:5.1f} "

@@ -971,18 +971,22 @@ def test_cuda_params_mirror_and_constants_match_the_headers():
 
 def test_cuda_sub_splits_fill_the_gpu_within_limits():
     """One wave of blocks (the compiled kernel holds one per SM), P within the smallest split's
-    64-blocks and the kernel's limit, P = 1 once the caller's grid fills 3/4 of the SMs."""
+    64-blocks and the kernel's limit, P = 1 once the caller's grid fills 3/4 of the SMs; at most _CUDA_AUTO_SUB
+    sub-slices, _CUDA_AUTO_SUB_ATOMIC where the atomic sum adds them."""
+    assert hp._CUDA_AUTO_SUB <= hp._CUDA_AUTO_SUB_ATOMIC <= hp._CUDA_MAX_SUB
     for sms in (132, 170, 188):
         for S in (1, 2, 3, 16, 23, 64):
-            for m in (1, 64, 65, 128, 512, 1000, 2048, 4096, 8192, 16384, 65536):
-                P = hp.cuda_sub_splits(m, 16384, S, sms)
-                groups = -(-m // hp._CUDA_ROWS) * S
-                assert 1 <= P <= min(hp._CUDA_MAX_SUB, max(1, 256 // S)), (sms, S, m, P)
-                if 4 * groups >= 3 * sms:
-                    assert P == 1, (sms, S, m, P)
-                else:
-                    assert groups * P <= sms, (sms, S, m, P)
-                    assert groups * (P + 1) > sms or P == min(hp._CUDA_AUTO_SUB, 256 // S), (sms, S, m, P)
+            for m in (1, 64, 65, 128, 192, 512, 1000, 2048, 4096, 8192, 16384, 65536):
+                for atomic, cap in ((False, hp._CUDA_AUTO_SUB), (True, hp._CUDA_AUTO_SUB_ATOMIC)):
+                    P = hp.cuda_sub_splits(m, 16384, S, sms, atomic)
+                    groups = -(-m // hp._CUDA_ROWS) * S
+                    assert 1 <= P <= min(hp._CUDA_MAX_SUB, max(1, 256 // S)), (sms, S, m, P)
+                    if 4 * groups >= 3 * sms:
+                        assert P == 1, (sms, S, m, P)
+                    else:
+                        assert groups * P <= sms, (sms, S, m, P)
+                        assert groups * (P + 1) > sms or P == min(cap, 256 // S), (sms, S, m, P, atomic)
+    assert hp.cuda_sub_splits(64, 16384, 1, 132) == 32 and hp.cuda_sub_splits(64, 16384, 1, 132, True) == 48
     assert hp.cuda_sub_splits(512, 64, 1, 132) == 1       # one block of 64: no room for sub-slices
     assert hp.cuda_sub_splits(512, 128, 1, 132) == 2      # two: at most two sub-slices
 

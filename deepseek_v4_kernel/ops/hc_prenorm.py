@@ -612,6 +612,9 @@ CUDA_MIN_M_SPLIT = 64
 _CUDA_AUTO_SUB = 32   # most sub-slices auto picks (H100 run 9 sweep: the last block's sum of P partials
                       # costs more than the extra blocks gain beyond ~32; run 14, reduce grid: P = 32 is
                       # the best point at m = 128-256, 4 % off P = 64 at m = 64)
+_CUDA_AUTO_SUB_ATOMIC = 48   # the same with the atomic sum (no partials to sum). H100 run 21, num_splits None, m = 64 /
+                             # 96 / 128: P = 48 5.35 / 5.66 / 5.96 us, P = 32 5.67 / 5.93 / 6.21, P = 64 5.55 / 5.85 /
+                             # 6.20 (call 7); the rule with 48 against 32, m = 64-192: 4-6 % faster (call 8)
 _CUDA_ROWS = 64       # x rows per block (hcp::kRows)
 _CUDA_CHUNK = 32      # K per warp step (hcp::kChunk); the kFast kernel needs whole chunks
 _CUDA_MAX_N = 24      # DSV4_HC_PRENORM_MAX_N
@@ -727,15 +730,16 @@ def decode_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N, xchg
     return R
 
 
-def cuda_sub_splits(m: int, K: int, S: int, num_sms: int) -> int:
+def cuda_sub_splits(m: int, K: int, S: int, num_sms: int, atomic: bool = False) -> int:
     """P, the K sub-slices per caller split of the compiled kernel: as many blocks as fit one wave (it
-    holds one block per SM; H100 sweep, run 9: a second partial wave costs as much as the first).
+    holds one block per SM; H100 sweep, run 9: a second partial wave costs as much as the first), at most
+    _CUDA_AUTO_SUB, or _CUDA_AUTO_SUB_ATOMIC where the sub-slices are added by atomics (``atomic``).
     P = 1 once the caller's grid (m tiles x S) fills three quarters of the SMs."""
     groups = triton.cdiv(m, _CUDA_ROWS) * S
     nb_min = triton.cdiv(K, _KBLOCK) // S  # 64-blocks of the smallest split
     if 4 * groups >= 3 * num_sms or nb_min < 2 or groups > _COUNTER_CAP:
         return 1
-    return max(1, min(_CUDA_AUTO_SUB, num_sms // groups, nb_min))
+    return max(1, min(_CUDA_AUTO_SUB_ATOMIC if atomic else _CUDA_AUTO_SUB, num_sms // groups, nb_min))
 
 
 def auto_prefers_cuda(m: int, S: int, kind: str, n: int, K: int) -> bool:
@@ -851,8 +855,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
             raise _fail("_config small_rows", f"0 or one of {_SMALL_ROWS} (without p, and ceil(m / R) <= 65535)", R)
         if R:   # forced onto a shape the rule does not take: whole splits, however wide (correct, slow)
             P = small_sub_splits(K, S, n) or 1
-        else:
-            P = cfg.get("p") or cuda_sub_splits(m, K, S, num_sms)
+        else:   # (P = 2 asks atomic_applies about the shape only)
+            P = cfg.get("p") or cuda_sub_splits(m, K, S, num_sms, atomic and atomic_applies(out3, m, K, n, S, 2, 0))
             groups = triton.cdiv(m, _CUDA_ROWS) * S
             if not (1 <= P <= _CUDA_MAX_SUB and (P == 1 or groups <= _COUNTER_CAP)):
                 raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda' (1 when m tiles x splits = {groups} "
