@@ -243,7 +243,7 @@ def small_sweep(ms, bw, n_sms, reps):
             t_torch = time_graph([lambda s=s: torch_fp32(s) for s in sets], reps)
             rows = [r for r in hp._SMALL_ROWS if r <= max(1, 2 * m)]
             variants = [(f"small R={r}", "cuda", {"small_rows": r}) for r in rows]
-            if S_arg is None:   # sub-slices: added by atomics, summed in the launch (the exchange) or by the reduce grid
+            if S_arg is None:   # sub-slices: added by atomics, summed in the launch (the exchange) or a reduce grid
                 variants = [(f"R={r} atomic", "cuda", {"small_rows": r, "atomic": True}) for r in rows]
                 variants += [(f"R={r} xchg", "cuda", {"small_rows": r, "xchg": True}) for r in rows]
                 variants += [(f"R={r} reduce", "cuda", {"small_rows": r, "xchg": False, "atomic": False})

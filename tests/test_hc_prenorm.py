@@ -295,7 +295,8 @@ def test_gpu_small_kernel(m, K, n, num_splits, rows):
     # sub-slices of one split (n = 24): added by float atomics (contiguous out), with the rule's rows per block
     atomic = P > 1 and n == 24 and S == 1
     sms = hp.sm_count(x.device)
-    want = rows or (hp.small_rows(m, K, S, sms, n) if atomic else hp.decode_rows(m, K, S, sms, n, hp.exchange_enabled(m)))
+    want = rows or (hp.small_rows(m, K, S, sms, n) if atomic
+                    else hp.decode_rows(m, K, S, sms, n, hp.exchange_enabled(m)))
     assert want in hp._SMALL_ROWS
     fnrow = hp.fnrow_enabled(m, K, S, n, cfg)   # "auto" at m <= FNROW_AUTO_MAX_M with one split: the whole-K kernel
     expect = ("cuda", 1, "fnrow", None) if fnrow else ("cuda", P, want, None if P == 1 else "atomic")

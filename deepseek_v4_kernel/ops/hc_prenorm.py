@@ -365,7 +365,8 @@ def exchange_enabled(m: int, _config=None) -> bool:
 
 
 ATOMIC_ENV = "DSV4_HC_PRENORM_ATOMIC"
-SGLANG_DETERMINISTIC_ENV = "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"   # set by SGLang from --enable-deterministic-inference
+# set by SGLang from its --enable-deterministic-inference
+SGLANG_DETERMINISTIC_ENV = "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"
 
 
 def deterministic_sums() -> bool:
