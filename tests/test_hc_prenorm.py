@@ -1065,6 +1065,8 @@ def test_atomic_sum_policy(monkeypatch):
     or a config forcing the exchange; _config atomic decides alone. It applies to sub-slices (P > 1) of one split,
     n = 24, out [m, 24] with unit n stride, an m stride % 4 == 0 and a 16-byte aligned base; the MMA kernel (R = 0)
     also needs m >= 64, K % 32 == 0 and contiguous out rows."""
+    from deepseek_v4_kernel import doctor   # it names the two switches without importing this module first
+    assert (doctor._HC_ATOMIC_ENV, doctor._SGLANG_DETERMINISTIC_ENV) == (hp.ATOMIC_ENV, hp.SGLANG_DETERMINISTIC_ENV)
     monkeypatch.delenv("DSV4_HC_PRENORM_ATOMIC", raising=False)
     monkeypatch.delenv("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", raising=False)
     assert not hp.deterministic_sums() and hp.atomic_enabled() and hp.atomic_enabled({"small_rows": 4})
