@@ -116,12 +116,13 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
         p->num_splits * p->sub_splits > 65535 || p->x_stride % 8 || p->fn_stride % 4 ||
         ((uintptr_t)p->x | (uintptr_t)p->fn) % 16 ||
         (p->sub_splits > 1 && p->atomic_sum == 0 &&
-         ((p->ws == nullptr && p->xchg == nullptr) || (p->counters == nullptr && p->small_rows == 0)))) {
+         ((p->ws == nullptr && p->xchg == nullptr) ||
+          (p->counters == nullptr && p->small_rows == 0 && (p->mma_rows == 0 || p->mma_rows == 64))))) {
       snprintf(g_last_error, sizeof(g_last_error),
                "hc_prenorm: bad sizes m=%lld n=%lld K=%lld splits=%lld sub_splits=%lld (expected m >= 1, "
                "1 <= n <= %d, K a positive multiple of 8, 1 <= sub_splits <= %d, splits * sub_splits <= 65535, "
-               "16-byte aligned x / fn rows, a workspace (or, few-rows kernel, an exchange buffer) and counters when "
-               "sub_splits > 1 without atomic_sum)",
+               "16-byte aligned x / fn rows, a workspace (or, few-rows kernel, an exchange buffer) and counters (the "
+               "64-row MMA kernel) when sub_splits > 1 without atomic_sum)",
                (long long)p->m, (long long)p->n, (long long)p->K, (long long)p->num_splits, (long long)p->sub_splits,
                DSV4_HC_PRENORM_MAX_N, DSV4_HC_PRENORM_MAX_SUB);
       return true;
@@ -163,16 +164,41 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
         (p->atomic_sum != 1 || p->sub_splits < 2 || p->num_splits != 1 || p->n != DSV4_HC_PRENORM_MAX_N ||
          p->xchg != nullptr || p->fn_row_kernel != 0 || p->out_stride_n != 1 || p->out_stride_m % 4 != 0 ||
          (uintptr_t)p->out % 16 != 0 ||
-         (r == 0 && (p->m < 64 || p->K % 32 != 0 || p->out_stride_m != DSV4_HC_PRENORM_MAX_N)))) {
+         (r == 0 && (p->m < (p->mma_rows ? p->mma_rows : 64) || p->K % 32 != 0 ||
+                     p->out_stride_m != DSV4_HC_PRENORM_MAX_N)))) {
       snprintf(g_last_error, sizeof(g_last_error),
                "hc_prenorm: bad atomic_sum=%lld (expected 0, or 1 with sub_splits > 1, one split, n = %d, "
                "no xchg, no fn_row_kernel, out with unit n stride, m stride %% 4 == 0 and a 16-byte aligned "
-               "base, and with small_rows 0 also m >= 64, K %% 32 == 0 and out m stride 24; got "
+               "base, and with small_rows 0 also m >= mma_rows (64 when 0), K %% 32 == 0 and out m stride 24; got "
                "sub_splits=%lld, splits=%lld, n=%lld, m=%lld, K=%lld, small_rows=%lld, out strides (m %lld, "
                "n %lld), out %% 16 = %d)",
                (long long)p->atomic_sum, DSV4_HC_PRENORM_MAX_N, (long long)p->sub_splits, (long long)p->num_splits,
                (long long)p->n, (long long)p->m, (long long)p->K, r, (long long)p->out_stride_m,
                (long long)p->out_stride_n, (int)((uintptr_t)p->out % 16));
+      return true;
+    }
+    // mma_rows: the kFast MMA kernel with 16 / 32 x rows per block (kernel.cuh kR), with the atomic sum or
+    // with no sub-slices; never silently another kernel
+    const long long mr = (long long)p->mma_rows;
+    const bool out_rows =
+        p->out_stride_n == 1 && p->out_stride_m == DSV4_HC_PRENORM_MAX_N && (uintptr_t)p->out % 16 == 0;
+    if (mr != 0 && mr != 64 &&
+        ((mr != 16 && mr != 32) || r != 0 || p->fn_row_kernel != 0 || p->xchg != nullptr ||
+         p->n != DSV4_HC_PRENORM_MAX_N || p->K % 32 != 0 || p->m < mr ||
+         !(p->atomic_sum == 1 ||
+           (p->sub_splits == 1 && out_rows && (p->num_splits == 1 || p->out_stride_s % 4 == 0)) ||
+           (p->sub_splits > 1 && p->ws != nullptr && (uintptr_t)p->ws % 16 == 0)))) {
+      snprintf(g_last_error, sizeof(g_last_error),
+               "hc_prenorm: bad mma_rows=%lld (expected 0 or 64, or 16 / 32 for the MMA kernel's fast instance: "
+               "small_rows 0, no fn_row_kernel / xchg, n = %d, K %% 32 == 0, m >= mma_rows, and atomic_sum, or "
+               "sub_splits 1 with out [S, m, 24] rows contiguous and 16-byte aligned (S stride %% 4 == 0), or "
+               "sub_splits > 1 with a 16-byte aligned workspace; got m=%lld, "
+               "n=%lld, K=%lld, small_rows=%lld, splits=%lld, sub_splits=%lld, atomic_sum=%lld, out strides (s %lld, "
+               "m %lld, n %lld), out %% 16 = %d)",
+               mr, DSV4_HC_PRENORM_MAX_N, (long long)p->m, (long long)p->n, (long long)p->K, r,
+               (long long)p->num_splits, (long long)p->sub_splits, (long long)p->atomic_sum,
+               (long long)p->out_stride_s, (long long)p->out_stride_m, (long long)p->out_stride_n,
+               (int)((uintptr_t)p->out % 16));
       return true;
     }
     return false;

@@ -129,7 +129,8 @@ def bench_m(m, bw, n_sms, reps, cfg=None, impls=("auto",)):
             res[label + sfx + "_us"] = t
             res[label + sfx + "_launch"] = str(hp.last_launch[0]) + (
                 (" fn-row" if hp.last_launch[2] == "fnrow" else
-                 f" small R={hp.last_launch[2]}" if hp.last_launch[2] else f" P={hp.last_launch[1]}")
+                 f" small R={hp.last_launch[2]}" if hp.last_launch[2] else
+                 f" P={hp.last_launch[1]} rows={hp.last_launch[4]}")
                 + (f" {hp.last_launch[3]}" if hp.last_launch[3] else "") if hp.last_launch[0] == "cuda" else "")
             res[label + "_splits"] = S
             res[label + sfx + "_floor_pct"] = 100 * (per / bw * 1e6) / t
@@ -250,6 +251,7 @@ def small_sweep(ms, bw, n_sms, reps):
                              for r in rows]
                 if m <= hp.FNROW_MAX_M:
                     variants += [("fn-row", "cuda", {"fnrow": True})]
+            variants += [(f"mma rows={r}", "cuda", {"mma_rows": r}) for r in hp.MMA_ROWS if r <= m]
             variants += [("mma (cuda)", "cuda", {"small_rows": 0}), ("triton", "triton", None)]
             # what "auto" takes (the bench's out is contiguous: the atomic sum applies wherever it is enabled)
             auto_atomic = S_arg is None and hp.atomic_enabled()
@@ -272,10 +274,14 @@ def small_sweep(ms, bw, n_sms, reps):
                            and not hp.fnrow_enabled(m, K, S, N))
                 if cfg is not None and cfg.get("fnrow"):   # the whole-K kernel: what auto picks where it applies
                     rec["picked"] = hp.fnrow_enabled(m, K, S, N)
+                rows_pick = hp.mma_rows_pick(m, K, S, N, n_sms, o if o.dim() == 3 else o.unsqueeze(0),
+                                             hp.atomic_enabled())
+                if rows_pick:   # auto takes the 16 / 32-row MMA tiles here (hc_prenorm.mma_rows_pick)
+                    rec["picked"] = cfg is not None and cfg.get("mma_rows") == rows_pick[0]
                 out.append(rec)
                 print(f"{m:4d} {tag:>4} {label:>14} {t:7.2f} {rec['floor_pct']:6.1f} {rec['x_torch_fp32']:9.2f}  "
                       f"{'ok' if ok else 'FAIL'} err/A {err:.1e} sq {sq_err:.1e}"
-                      f"{'  <- small_rows' if rec['picked'] else ''}", flush=True)
+                      f"{'  <- auto' if rec['picked'] else ''}", flush=True)
             print(f"{m:4d} {tag:>4} {'torch fp32':>14} {t_torch:7.2f} {100 * (per / bw * 1e6) / t_torch:6.1f}",
                   flush=True)
             del sets, ref

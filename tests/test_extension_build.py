@@ -96,7 +96,9 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
 
 
 def test_hc_prenorm_resources_sm120a(tmp_path):
-    """The compiled hc_prenorm GEMM, its three instances (the general kernel, kFast, kFast with the atomic sum), the
+    """The compiled hc_prenorm GEMM, its three 64-row instances (the general kernel, kFast, kFast with the atomic sum)
+    and four kFast instances of 16 / 32 rows (plain and atomic: two blocks per SM, <= 128 registers, as
+    hc_prenorm.mma_rows_pick assumes; 4 warp partials of kR x kPitch + kR floats), the
     fifteen instances of the few-rows FMA kernel (five rows-per-block, plain, with the exchange and with the atomic
     sum; no spills, two 256-thread blocks per SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes) and
     the two of the whole-K kernel. The GEMM: one 256-thread block per SM (<= 255 registers), static shared memory
@@ -114,8 +116,8 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
     small = {k: v for k, v in seen.items() if "hc_prenorm_small_kernel" in k}
     fnrow = {k: v for k, v in seen.items() if "hc_prenorm_fnrow_kernel" in k}
     zero = {k: v for k, v in seen.items() if "hc_prenorm_zero_kernel" in k}
-    assert (len(gemm) == 3 and len(reduce) == 1 and len(small) == 15 and len(fnrow) == 2 and len(zero) == 1
-            and len(seen) == 22), list(seen)
+    assert (len(gemm) == 7 and len(reduce) == 1 and len(small) == 15 and len(fnrow) == 2 and len(zero) == 1
+            and len(seen) == 26), list(seen)
     (regs, static_smem), = zero.values()
     assert static_smem == 0 and regs * consts["kZeroThreads"] * 8 <= 65536, (regs, static_smem)
     # the whole-K kernel, one instance per x-row count kM = 1, 2: one 1024-thread block (<= 64 registers), the 32 warp
@@ -147,8 +149,16 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
         R = rows_of[(krt, ktr)]
         want_smem = small_consts["kXChains"] * R * 25 * 4 + 4 if name in xchg else R * 25 * 4
         assert static_smem == want_smem, (name, static_smem)
+    rows = sorted(int(re.search(r"hc_prenorm_kernelILb[01]ELb[01]ELi(\d+)E", k).group(1)) for k in gemm)
+    assert rows == [16, 16, 32, 32, 64, 64, 64], list(gemm)
     for name, (regs, static_smem) in gemm.items():
-        assert want <= static_smem <= want + 16 and static_smem <= SMEM_LIMIT and regs <= 255, (name, regs, static_smem)
+        kr = int(re.search(r"hc_prenorm_kernelILb[01]ELb[01]ELi(\d+)E", name).group(1))
+        if kr == consts["kRows"]:
+            assert want <= static_smem <= want + 16 and static_smem <= SMEM_LIMIT and regs <= 255, (name, regs,
+                                                                                                   static_smem)
+        else:
+            part = (consts["kWarps"] // 2) * (kr * consts["kPitch"] + kr) * 4
+            assert static_smem == part and regs * consts["kThreads"] * 2 <= 65536, (name, regs, static_smem)
     (regs, static_smem), = reduce.values()
     threads = 32 * consts["kRedWarps"]
     assert static_smem == 16 * threads and regs * threads * 2 <= 65536, (regs, static_smem)

@@ -153,8 +153,9 @@ def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
     """The decode kernels (kernel_small.cuh) at DeepSeek-V4's K on cuda:1 while cuda:0 is current: SGLang's 64
     splits, and num_splits None (m = 1: the whole-K kernel; m = 33: sub-slices added by float atomics after the zero
     kernel, and with the fixed order asked for, their partials in the per-stream workspace summed by the reduce
-    grid); eager against float64, then a CUDA graph captured on cuda:1 replays onto poisoned outputs the eager
-    result (fixed order) or a result float64 accepts (atomic sum)."""
+    grid), each with the few-rows kernel and with what "auto" takes (16-row MMA tiles from m = 16); eager against
+    float64, then a CUDA graph captured on cuda:1 replays onto poisoned outputs the eager result (fixed order) or a
+    result float64 accepts (atomic sum)."""
     from fuzz import replay_on_poisoned
     from test_hc_prenorm import _check, _inputs, _poisoned
 
@@ -162,15 +163,18 @@ def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
 
     _needs_hc_prenorm_extension()
     x, fn = _inputs(m, 16384, device=OTHER, seed=40 + m)
-    for cfg in (None, {"atomic": False}):
+    # mma_rows 0: the few-rows kernel's rule (without it "auto" takes 16-row MMA tiles from m = 16), then "auto"
+    for cfg in ({"mma_rows": 0}, {"atomic": False, "mma_rows": 0}, None, {"atomic": False}):
         out, sq = _poisoned(m, 24, num_splits or 1, OTHER, flat=num_splits is None)
         hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
         torch.cuda.synchronize(1)
         if hp.fnrow_enabled(m, 16384, num_splits or 1, 24, cfg):   # m = 1 one split: the whole-K kernel
-            assert hp.last_launch == ("cuda", 1, "fnrow", None), hp.last_launch
-        else:   # R > 0: the few-rows kernel; num_splits None: atomic unless asked not to
-            want = None if num_splits else "reduce" if cfg else "atomic"
-            assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0 and hp.last_launch[3] == want, hp.last_launch
+            assert hp.last_launch == ("cuda", 1, "fnrow", None, None), hp.last_launch
+        else:   # R > 0: the few-rows kernel (or, auto from m = 16, 16-row MMA tiles); num_splits None: atomic unless
+            # asked not to
+            want = None if num_splits else "reduce" if cfg and "atomic" in cfg else "atomic"
+            kernel = hp.last_launch[2] > 0 if cfg and "mma_rows" in cfg or m < 16 else hp.last_launch[4] == 16
+            assert hp.last_launch[0] == "cuda" and kernel and hp.last_launch[3] == want, hp.last_launch
         assert out.device == torch.device(OTHER) and sq.device == torch.device(OTHER)
         _check(x, fn, out, sq, num_splits)
         e_out, e_sq, atomic = out.clone(), sq.clone(), hp.last_launch[3] == "atomic"

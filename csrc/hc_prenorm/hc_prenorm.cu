@@ -30,6 +30,23 @@ static cudaError_t launch_small(const HcPrenormParams& q, dim3 grid, bool pdl, c
   }
 }
 
+// the kFast MMA kernel (kernel.cuh) with mma_rows x rows per block (0: kRows = 64; api.cu checks the shapes), grid
+// (row tiles, z) where z = the sub-slices (kAtomic), the caller's splits, or splits x sub-slices into the workspace.
+// 16 / 32 rows: two blocks per SM (<= 128 registers, no spills on sm_120a); a 48-row instance (236 registers, one
+// block per SM) won only at m = 96 with 64 splits, by 5 % (H100 run 22), and was not kept
+template <bool kAtomic>
+static cudaError_t launch_fast(const HcPrenormParams& q, unsigned z, bool pdl, cudaStream_t stream) {
+  using namespace hcp;
+  const int64_t rows = q.mma_rows ? q.mma_rows : kRows;
+  const dim3 grid((unsigned)((q.m + rows - 1) / rows), z);
+  switch (rows) {
+    case 16: return launch_kernel(hc_prenorm_kernel<true, kAtomic, 16>, grid, kThreads, 0, pdl, stream, q);
+    case 32: return launch_kernel(hc_prenorm_kernel<true, kAtomic, 32>, grid, kThreads, 0, pdl, stream, q);
+    case kRows: return launch_kernel(hc_prenorm_kernel<true, kAtomic>, grid, kThreads, 0, pdl, stream, q);
+    default: return cudaErrorInvalidValue;   // api.cu refuses it by name first
+  }
+}
+
 cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
   using namespace hcp;
   bool pdl = false;
@@ -70,9 +87,7 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
       return launch_small<false, true>(
           q, dim3((unsigned)q.num_splits, (unsigned)((p.m + p.small_rows - 1) / p.small_rows)), pdl, stream);
     }
-    return launch_kernel(hc_prenorm_kernel<true, true>,
-                         dim3((unsigned)((p.m + kRows - 1) / kRows), (unsigned)p.sub_splits), kThreads, 0, pdl,
-                         stream, q);
+    return launch_fast<true>(q, (unsigned)p.sub_splits, pdl, stream);
   }
   if (p.fn_row_kernel) {   // m <= 2, one split (api.cu): one block per fn row over the whole K
     // <x rows, float4 columns per thread and round>: <= 64 registers for 1024 threads, no spills (sm_120a / sm_90a).
@@ -105,16 +120,21 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
   }
   const unsigned m_tiles = (unsigned)((p.m + kRows - 1) / kRows);
   const dim3 grid(m_tiles, (unsigned)(p.num_splits * p.sub_splits));
+  // x rows per block: mma_rows 16 / 32 only with the kFast shape (api.cu checks it, so nothing below falls back
+  // to the general kernel with them)
+  const bool few_rows = p.mma_rows != 0 && p.mma_rows != kRows;
   // the kFast kernel's conditions (kernel.cuh): at least one whole tile of rows, whole chunks, 24 fn rows;
   // P = 1: out row-contiguous with 16-byte aligned rows (its S stride matters only when S > 1)
-  const bool fast_shape = p.m >= kRows && p.K % kChunk == 0 && p.n == kN;
+  const bool fast_shape = p.m >= (few_rows ? p.mma_rows : kRows) && p.K % kChunk == 0 && p.n == kN;
   if (p.sub_splits > 1 && fast_shape && ((uintptr_t)p.ws & 15) == 0) {
     // P > 1: the kFast kernel stores the S * P partials into the workspace as its out [S * P, m, 24] and
     // sqrsum [S * P, m], the reduce grid (PDL) sums them into the caller's out / sqrsum
-    e = launch_kernel(hc_prenorm_kernel<true>, grid, kThreads, 0, pdl, stream, to_workspace());
+    e = few_rows ? launch_fast<false>(to_workspace(), (unsigned)(p.num_splits * p.sub_splits), pdl, stream)
+                 : launch_kernel(hc_prenorm_kernel<true>, grid, kThreads, 0, pdl, stream, to_workspace());
     if (e != cudaSuccess) return e;
     return reduce();
   }
+  if (few_rows) return launch_fast<false>(p, (unsigned)p.num_splits, pdl, stream);   // P = 1 (api.cu)
   const bool fast = p.sub_splits == 1 && fast_shape && p.out_stride_n == 1 && p.out_stride_m == kN &&
                     (p.num_splits == 1 || p.out_stride_s % 4 == 0) && ((uintptr_t)p.out & 15) == 0;
   return launch_kernel(fast ? hc_prenorm_kernel<true> : hc_prenorm_kernel<false>, grid, kThreads, 0, pdl,

@@ -1,5 +1,6 @@
-// mHC pre-norm GEMM + square-sum (DeepGEMM's tf32_hc_prenorm_gemm, docs/hc_prenorm.md), for m >= 256
-// (>= 64 with the caller's splits) where Triton builds mma.sync (ops/hc_prenorm.auto_prefers_cuda):
+// mHC pre-norm GEMM + square-sum (DeepGEMM's tf32_hc_prenorm_gemm, docs/hc_prenorm.md), for m >= 16 with
+// DeepSeek-V4's shape (16 / 32-row tiles at decode sizes, ops/hc_prenorm.mma_rows_pick; 64-row tiles above), else
+// from m >= 256 (>= 64 with the caller's splits) where Triton builds mma.sync (ops/hc_prenorm.auto_prefers_cuda):
 //   out[s, i, j] = sum_{k in split s} x[i, k] * fn[j, k],   sqrsum[s, i] = sum_{k in split s} x[i, k]^2
 // SM80+ ISA only (mma.sync m16n8k16 bf16, griddepcontrol), shared by SM90 and SM120.
 //
@@ -16,9 +17,9 @@
 //       applied to A and B alike, which leaves the dot product unchanged). x is read once, as full
 //       32-byte sectors, and the square-sum comes from the same registers. (A per-warp cp.async ring,
 //       3 chunks deep, was slower on the H100: 118 -> 137-146 us at m = 8192, docs/hc_prenorm.md run 9.)
-// Block = 64 x rows (8 n8 tiles per warp) x one K sub-slice; its 8 warps take interleaved 32-wide K
-// chunks (x and fn of the next chunk in flight during the MMAs of the current one) and their partials
-// are summed through shared memory in a fixed order. Grid (m tiles, S * P): the caller's split s is cut
+// Block = kR = 64 x rows (8 n8 tiles per warp; 16 / 32 rows: kFast, below) x one K sub-slice; its 8 warps take
+// interleaved 32-wide K chunks (x and fn of the next chunk in flight during the MMAs of the current one) and
+// their partials are summed through shared memory in a fixed order. Grid (m tiles, S * P): the caller's split s is cut
 // into P sub-slices (DeepGEMM's 64-block partition, twice) when m tiles x S would leave SMs idle; then
 // each block writes its partial to a workspace and the P partials are summed in a fixed order
 // (deterministic, graph-safe) by
@@ -35,7 +36,7 @@
 namespace dsv4 {
 namespace hcp {
 
-constexpr int kThreads = 256;                  // 8 warps, 255 registers each (sm_120a): one block per SM
+constexpr int kThreads = 256;                  // 8 warps, 255 registers each (sm_120a): one block per SM (kR = 64)
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 64;                      // x rows per block: 8 n8 tiles per warp (MMA N side)
 constexpr int kTiles = kRows / 8;
@@ -101,22 +102,31 @@ __device__ __forceinline__ uint4 ld_stream(const void* ptr) {
 // [S * P, m], so block (mt, z = s P + q) stores its partial as z; hc_prenorm_reduce_kernel sums them. (The
 // last-block hand-off of the general kernel, compiled into this one, made its sm_120a build spill 4-16 B:
 // the main loop is at the 255-register limit; run 13.)
+// kR (kFast only below 64; p.mma_rows): x rows per block, 16 or 32 at decode sizes (hc_prenorm.py mma_rows_pick),
+// two blocks per SM (<= 128 registers: acc 3 x kR / 8 x 4, x and fn of two chunks in flight); shared memory
+// 4 x (kR x kPitch + kR) floats (7424 / 14848 B). With 64 rows a decode call (m <= 128) is one or two row tiles, so
+// the grid is P sub-slices of long K ranges on a few dozen SMs; 16-row tiles with 32-64 sub-slices of 256-512 put
+// one or two chunks on each warp of 100-260 blocks (H100 run 22, num_splits None: m = 48 5.5 -> 4.4 us, m = 64
+// 5.4 -> 4.5; with SGLang's 64 splits, against the few-rows FMA kernel: m = 48 4.9 -> 4.0).
 // kAtomic (kFast only; p.atomic_sum, one caller split, P > 1): every block adds its float4 sums into the caller's out
 // [m, 24] and sqrsum (out_stride_s = sq_stride_s = 0 from the launcher), zeroed by hc_prenorm_zero_kernel just before;
 // its PDL wait comes before those atomics, not before the loads, as in the few-rows kernel (kernel_small.cuh).
-template <bool kFast, bool kAtomic = false>
-__global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenormParams p) {
+template <bool kFast, bool kAtomic = false, int kR = kRows>
+__global__ void __launch_bounds__(kThreads, kR <= 32 ? 2 : 1) hc_prenorm_kernel(const HcPrenormParams p) {
   static_assert(kFast || !kAtomic, "the atomic sum is an epilogue of the kFast kernel");
-  __shared__ __align__(16) float red[kWarps / 2][kPart];
+  static_assert(kFast || kR == kRows, "the general kernel (its workspace partials, kOut) has 64-row blocks");
+  static_assert(kR % 16 == 0 && kR <= kRows, "row tiles of 16, 32, 48 or 64 x rows");
+  constexpr int kT = kR / 8;   // n8 tiles of x rows per warp
+  __shared__ __align__(16) float red[kWarps / 2][kR * kPitch + kR];
   __shared__ int s_last;
   if constexpr (!kAtomic) pdl_wait();   // x / fn may come from the previous kernel of the stream
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t mt = blockIdx.x, m_tiles = gridDim.x;
-  const int64_t row0 = mt * kRows;
+  const int64_t row0 = mt * kR;
   // rows computed: [rb, rb + 64); kFast: the last tile ends at row m
-  const int64_t rb = kFast ? min(row0, p.m - kRows) : row0;
+  const int64_t rb = kFast ? min(row0, p.m - kR) : row0;
   // K range: DeepGEMM's partition of the 64-wide blocks over the S splits (the first nb % S get one
   // more), then the same partition of split s over its P sub-slices; a range may be empty. kFast: in
   // 32-bit (the operands fit: nb < 2^31, S * P < 2^16), where the sm_120a build spills with int64 (16 B);
@@ -141,17 +151,17 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
   // chunk c: lane's 8 k values k0 + 8 t4 .. + 7 of x rows rb + 8 j + g and of fn rows g, g + 8, g + 16
   // (K % 8 == 0 and kend is a multiple of 8, so the 8 values are all in range or all out; out of range,
   // out-of-bounds rows and fn rows >= n load zeros, which add nothing)
-  auto load_x = [&](int c, uint4 (&xv)[kTiles]) {
+  auto load_x = [&](int c, uint4 (&xv)[kT]) {
     if (kFast) {
       const bool ok = c < nchunks;
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j)
+      for (int j = 0; j < kT; ++j)
         xv[j] = ok ? ld_stream(xl + j * xs8 + (int64_t)c * kChunk) : make_uint4(0u, 0u, 0u, 0u);
     } else {
       const int64_t k = kbeg + (int64_t)c * kChunk + 8 * t4;
       const bool kok = c < nchunks && k + 8 <= kend;
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
+      for (int j = 0; j < kT; ++j) {
         const int64_t r = row0 + 8 * j + g;
         xv[j] = (kok && r < p.m) ? ld_stream(xb + r * p.x_stride + k) : make_uint4(0u, 0u, 0u, 0u);
       }
@@ -179,17 +189,17 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
       }
     }
   };
-  float acc[3][kTiles][4];
+  float acc[3][kT][4];
 #pragma unroll
   for (int t = 0; t < 3; ++t)
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.f;
-  float sq[kTiles];
+    for (int j = 0; j < kT; ++j) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.f;
+  float sq[kT];
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) sq[j] = 0.f;
+  for (int j = 0; j < kT; ++j) sq[j] = 0.f;
 
   // k16 step h of a chunk: lane values 4h .. 4h + 3 of its 8 (k positions 2t4, 2t4+1, 2t4+8, 2t4+9)
-  auto compute = [&](const uint4 (&xv)[kTiles], const float4 (&fv)[3][2]) {
+  auto compute = [&](const uint4 (&xv)[kT], const float4 (&fv)[3][2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t hi0[3], hi1[3], lo0[3], lo1[3];
@@ -202,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
       const uint32_t a1[4] = {hi0[2], lo0[0], hi1[2], lo1[0]};   // rows 16..31: hi of g + 16, lo of g
       const uint32_t a2[4] = {lo0[1], lo0[2], lo1[1], lo1[2]};   // rows 32..47: lo of g + 8, g + 16
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
+      for (int j = 0; j < kT; ++j) {
         const uint32_t b[2] = {h ? xv[j].z : xv[j].x, h ? xv[j].w : xv[j].y};
         mma_bf16_16816(acc[0][j], a0, b);
         mma_bf16_16816(acc[1][j], a1, b);
@@ -210,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
       }
     }
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) {   // squares of the bf16 values (exact in fp32)
+    for (int j = 0; j < kT; ++j) {   // squares of the bf16 values (exact in fp32)
       const uint32_t w[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -223,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
 
   // main loop: warp w takes chunks w, w + 8, ...; the next chunk's loads are in flight during the MMAs
   {
-    uint4 xa[kTiles], xn[kTiles];
+    uint4 xa[kT], xn[kT];
     float4 fa[3][2], fnx[3][2];
     load_x(warp, xa);
     load_fn(warp, fa);
@@ -243,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
   //      g + 8 = tile 0 row g + 8 + tile 2 row g, g + 16 = tile 1 row g + tile 2 row g + 8.
   auto put = [&](float* d, bool add) {
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j)
+    for (int j = 0; j < kT; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float* o = d + (8 * j + 2 * t4 + e) * kPitch + g;
@@ -254,11 +264,11 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
         o[0] = v0; o[8] = v1; o[16] = v2;
       }
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
+    for (int j = 0; j < kT; ++j) {
       float v = sq[j];
       v += __shfl_xor_sync(0xffffffffu, v, 1);
       v += __shfl_xor_sync(0xffffffffu, v, 2);
-      float* o = d + kRows * kPitch + 8 * j + g;
+      float* o = d + kR * kPitch + 8 * j + g;
       if (t4 == 0) *o = add ? v + *o : v;
     }
   };
@@ -272,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
     // summed in warp order as above. Then the 64 sqrsum values, one per thread. Stored as split z = s P + q
     // (z = s when P = 1; P > 1: out is the workspace, see above).
     const int64_t z = blockIdx.y;
-    constexpr int kVecOut = kRows * kN / 4;
+    constexpr int kVecOut = kR * kN / 4;
     if constexpr (kAtomic) pdl_wait();   // out / sqrsum zeroed by the zero kernel
     for (int t = tid; t < kVecOut; t += kThreads) {
       const int off = (t / (kN / 4)) * kPitch + 4 * (t % (kN / 4));
@@ -288,8 +298,8 @@ __global__ void __launch_bounds__(kThreads, 1) hc_prenorm_kernel(const HcPrenorm
         if constexpr (kAtomic) atomicAdd(o, v); else *o = v;
       }
     }
-    if (tid < kRows && rb + tid >= row0) {
-      const int off = kRows * kPitch + tid;
+    if (tid < kR && rb + tid >= row0) {
+      const int off = kR * kPitch + tid;
       const float v = ((red[0][off] + red[1][off]) + red[2][off]) + red[3][off];
       float* o = p.sqrsum + z * p.sq_stride_s + (rb + tid) * p.sq_stride_m;
       if constexpr (kAtomic) atomicAdd(o, v); else *o = v;

@@ -387,14 +387,14 @@ def atomic_enabled(_config=None) -> bool:
     return not cfg.get("xchg") and not deterministic_sums()
 
 
-def atomic_applies(out2, m: int, K: int, n: int, S: int, P: int, R: int) -> bool:
+def atomic_applies(out2, m: int, K: int, n: int, S: int, P: int, R: int, rows: int = 0) -> bool:
     """Whether the atomic sum can take a call (csrc/api.cu atomic_sum): sub-slices (P > 1) of one split, n = 24, out
     [m, 24] with unit n stride, an m stride that keeps float4 rows aligned and a 16-byte aligned base; the MMA kernel
     (R = 0) only as its kFast instance (m >= 64, K % 32 == 0, out rows contiguous)."""
     if not (P > 1 and S == 1 and n == _CUDA_MAX_N and out2.stride(-1) == 1 and out2.stride(-2) % 4 == 0
             and out2.data_ptr() % 16 == 0):
         return False
-    return R > 0 or (m >= _CUDA_ROWS and K % _CUDA_CHUNK == 0 and out2.stride(-2) == _CUDA_MAX_N)
+    return R > 0 or (m >= (rows or _CUDA_ROWS) and K % _CUDA_CHUNK == 0 and out2.stride(-2) == _CUDA_MAX_N)
 
 
 def _workspace(device: torch.device, numel: int, dtype=torch.float32) -> torch.Tensor:
@@ -743,6 +743,67 @@ def cuda_sub_splits(m: int, K: int, S: int, num_sms: int, atomic: bool = False) 
     return max(1, min(_CUDA_AUTO_SUB_ATOMIC if atomic else _CUDA_AUTO_SUB, num_sms // groups, nb_min))
 
 
+# The MMA kernel with 16 or 32 x rows per block (kernel.cuh kR < 64, two blocks per SM; params mma_rows): at decode
+# sizes the 64-row tile leaves most SMs idle or makes each block stream long K ranges, and the few-rows kernel spends
+# ~600 FMA-class instructions per thread where the MMA does the same work in a few dozen (H100 run 22,
+# docs/hc_prenorm.md). kFast shapes only: n = 24, K % 32 == 0.
+MMA_ROWS = (16, 32)          # kernel.cuh instances below kRows = 64 (hc_prenorm.cu launch_fast)
+MMA_ROWS_NONE_MAX_M = 128    # one split (num_splits None): 16-row tiles for m = 16 .. this (run 22: m = 160-512 within
+                             # +-3 % of the 64-row tile)
+MMA_ROWS_SPLIT_MAX_M = 384   # the caller's splits: 16 / 32-row tiles up to this m (run 22: m = 512 2 % slower)
+_MMA_ROWS_MIN_BLOCKS = 64    # the smallest grid measured to win (m = 16 with 64 splits: 3.1 against 3.4 us)
+
+
+def mma_rows_sub_splits(m: int, K: int, S: int, num_sms: int, rows: int, fixed_order: bool) -> int:
+    """P of the MMA kernel with ``rows`` x rows per block: 1 with the caller's splits (S >= 2); with one split the
+    sub-slices that fill the GPU: 64 (one 32-wide chunk per warp) where the grid fits one block per SM, else 32 (two
+    chunks per warp, loads double-buffered) within two blocks per SM, else 16; sub-slices >= 256 wide; at most
+    _CUDA_AUTO_SUB where the reduce grid sums them in fixed order (``fixed_order``). H100 run 22, num_splits None,
+    16 rows: m = 16 / 32 P = 64 3.76 / 4.04 us (P = 32 4.08 / 4.20); m = 48 / 64 / 96 / 128 P = 32 4.36 / 4.51 / 5.19
+    / 5.34 (P = 64 4.46 / 4.56 / 6.69 / 7.05; P = 48 and 24, uneven sub-slices, slower)."""
+    if S > 1:
+        return 1
+    tiles = triton.cdiv(m, rows)
+    P = 64 if tiles * 64 <= num_sms else 32 if tiles * 32 <= 2 * num_sms else 16
+    P = min(P, triton.cdiv(K, _KBLOCK) // 4, _CUDA_MAX_SUB)
+    return max(1, min(P, _CUDA_AUTO_SUB) if fixed_order else P)
+
+
+def _out_rows(out3) -> bool:
+    """out [S, m, 24] with contiguous float4-aligned rows (the kFast kernel's stores without sub-slices)."""
+    return (out3.stride(-1) == 1 and out3.stride(-2) == _CUDA_MAX_N and out3.data_ptr() % 16 == 0
+            and (out3.shape[0] == 1 or out3.stride(0) % 4 == 0))
+
+
+def mma_rows_pick(m: int, K: int, S: int, n: int, num_sms: int, out3, atomic: bool):
+    """(rows, P) where "auto" takes the MMA kernel with 16 / 32 x rows per block, else None. One split: 16 rows at
+    m = 16 .. MMA_ROWS_NONE_MAX_M, sub-slices by mma_rows_sub_splits, added by atomics where ``atomic`` and
+    atomic_applies allow (contiguous out rows; float4-aligned strided rows go to the few-rows kernel's atomic sum),
+    else by the reduce grid (fixed order). The caller's splits (S >= 2, each >= 256 wide): the fewest rows of
+    MMA_ROWS whose grid (ceil(m / rows) x S) has at least _MMA_ROWS_MIN_BLOCKS and at most two blocks per SM, at
+    m <= MMA_ROWS_SPLIT_MAX_M, out rows contiguous. H100 run 22 (SGLang's 64 splits): m = 16 / 32 / 48 / 64 3.13 /
+    3.43 / 3.96 / 4.05 us against the few-rows kernel's 3.41 / 3.93 / 4.87 / 4.98; m = 128 / 256 / 384 (32 rows)
+    5.28 / 6.82 / 8.37 against 5.58 / 7.06 / 8.99 (64 rows)."""
+    if n != _CUDA_MAX_N or K % _CUDA_CHUNK or m < MMA_ROWS[0]:
+        return None
+    nb = triton.cdiv(K, _KBLOCK)
+    if S == 1:
+        if m > MMA_ROWS_NONE_MAX_M:
+            return None
+        use_atomic = atomic and atomic_applies(out3, m, K, n, 1, 2, 0, MMA_ROWS[0])
+        if atomic and not use_atomic and atomic_applies(out3, m, K, n, 1, 2, 1):
+            return None   # out rows float4-aligned but not contiguous: the few-rows kernel's atomic sum takes them
+        P = mma_rows_sub_splits(m, K, 1, num_sms, MMA_ROWS[0], not use_atomic)
+        ok = P > 1 and triton.cdiv(m, MMA_ROWS[0]) * P >= _MMA_ROWS_MIN_BLOCKS
+        return (MMA_ROWS[0], P) if ok else None
+    if m > MMA_ROWS_SPLIT_MAX_M or nb // S < 4 or not _out_rows(out3):
+        return None
+    for rows in MMA_ROWS:
+        if m >= rows and _MMA_ROWS_MIN_BLOCKS <= triton.cdiv(m, rows) * S <= 2 * num_sms:
+            return rows, 1
+    return None
+
+
 def auto_prefers_cuda(m: int, S: int, kind: str, n: int, K: int) -> bool:
     """Whether "auto" takes the compiled kernel for m rows of K, n fn rows and the caller's S splits, with
     Triton's instruction class ``kind`` (mma_kind)."""
@@ -774,7 +835,7 @@ def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
     return "triton"
 
 
-def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, atomic=False):
+def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, atomic=False, mma_rows=0):
     """One launch of csrc/hc_prenorm on the current stream (no host sync; the workspace and counters are
     the persistent per-stream buffers of the Triton path, sized by shapes only). ``xchg``: the few-rows
     kernel's sub-slices (R > 0, P > 1) are summed in its launch through the exchange buffer where one exists.
@@ -784,7 +845,8 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, at
     dev = x.device
     cnt = xbuf = None
     atomic = atomic and P > 1
-    if P > 1 and not R and not atomic:   # the MMA kernel's general instance hands off through counters
+    if P > 1 and not R and not atomic and mma_rows in (0, _CUDA_ROWS):   # the general 64-row MMA instance hands off
+        # through counters (16 / 32-row tiles are kFast only: their partials go to the reduce grid)
         cnt = _counters(dev)
         if cnt is None:  # capturing a graph before any eager call on this stream
             P = 1
@@ -804,6 +866,7 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, at
     p.out, (p.out_stride_s, p.out_stride_m, p.out_stride_n) = out3.data_ptr(), out3.stride()
     p.sqrsum, (p.sq_stride_s, p.sq_stride_m) = sq2.data_ptr(), sq2.stride()
     p.m, p.n, p.K, p.num_splits, p.sub_splits, p.small_rows = m, n, K, S, P, R
+    p.mma_rows = mma_rows
     lib = load()
     with torch.cuda.device(dev):
         rc = lib.dsv4_hc_prenorm(p, torch.cuda.current_stream(dev).cuda_stream)
@@ -811,12 +874,14 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, at
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
     global last_launch
     last_launch = ("cuda", P, "fnrow" if fnrow else R,
-                   None if P == 1 else "atomic" if atomic else "xchg" if xbuf is not None else "reduce")
+                   None if P == 1 else "atomic" if atomic else "xchg" if xbuf is not None else "reduce",
+                   None if (R or fnrow) else (mma_rows or _CUDA_ROWS))
 
 
-last_launch = None  # ("cuda", P, R, sum) (R > 0: the few-rows kernel, "fnrow": the whole-K kernel; sum: how the P > 1
-                    # sub-slices were added: "atomic", "xchg" (the exchange) or "reduce" (the reduce grid, or the MMA
-                    # kernel's last block), None for P = 1) or ("triton", cfg) of the latest call (tests, bench)
+last_launch = None  # ("cuda", P, R, sum, rows) (R > 0: the few-rows kernel, "fnrow": the whole-K kernel; sum: how the
+                    # P > 1 sub-slices were added: "atomic", "xchg" (the exchange) or "reduce" (the reduce grid, or the
+                    # MMA kernel's last block), None for P = 1; rows: the MMA kernel's x rows per block, 16 / 32 / 64,
+                    # None for the other kernels) or ("triton", cfg) of the latest call (tests, bench)
 
 
 @on_input_device
@@ -825,7 +890,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
 
     ``impl``: "auto" / "triton" / "cuda" (pick_impl). ``_config`` (dict, optional) overrides the Triton
     tile choice (bench sweeps only); with impl "cuda" only its ``p`` (the sub-split count) and ``small_rows``
-    (the few-rows kernel's rows per block; 0: the MMA kernel), ``xchg`` (exchange_enabled), ``atomic``
+    (the few-rows kernel's rows per block; 0: the MMA kernel), ``mma_rows`` (the MMA kernel's x rows per block: 16 /
+    32 / 64, or 0 for the rules without mma_rows_pick), ``xchg`` (exchange_enabled), ``atomic``
     (atomic_enabled; true is refused by name where atomic_applies does not hold) and ``fnrow`` (fnrow_enabled)
     are read."""
     m, K, n, S = _check(x, fn, out, sqrsum, num_splits)
@@ -847,14 +913,34 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
         atomic = atomic_enabled(_config)
         if atomic and cfg.get("xchg"):
             raise _fail("_config atomic", "not together with xchg (one way of summing the sub-slices)", cfg)
-        if R is None:   # a forced sub-split count p means the MMA kernel
+        rows = cfg.get("mma_rows")
+        if rows is not None and (rows not in (0, _CUDA_ROWS) + MMA_ROWS or (rows and (R or cfg.get("xchg")))):
+            raise _fail("_config mma_rows", f"0 (the rules), {_CUDA_ROWS} or one of {MMA_ROWS} (the MMA kernel: not "
+                        "with small_rows or xchg)", rows)
+        pick = None
+        if R is None and rows is None and not cfg.get("p") and not cfg.get("xchg"):
+            pick = mma_rows_pick(m, K, S, n, num_sms, out3, atomic)
+        elif rows in MMA_ROWS:   # forced: the rule's sub-slices unless p is given
+            if m < rows or n != _CUDA_MAX_N or K % _CUDA_CHUNK:
+                raise _fail("_config mma_rows", f"m >= {rows}, n = {_CUDA_MAX_N} and K % {_CUDA_CHUNK} == 0",
+                            f"m={m} n={n} K={K}")
+            fixed = not (atomic and atomic_applies(out3, m, K, n, S, 2, 0, rows))
+            pick = (rows, cfg.get("p") or mma_rows_sub_splits(m, K, S, num_sms, rows, fixed))
+            if pick[1] == 1 and not _out_rows(out3):
+                raise _fail("_config mma_rows", "sub-slices (p > 1) or out [S, m, 24] with contiguous 16-byte aligned "
+                            "rows", f"p={pick[1]} out strides {tuple(out3.stride())}")
+        if pick:   # the MMA kernel with 16 / 32 rows per block
+            R, (rows, P) = 0, pick
+        elif R is None:   # a forced sub-split count p means the MMA kernel
             R = 0 if cfg.get("p") else small_rows(m, K, S, num_sms, n)
             P = (small_sub_splits(K, S, n) or 1) if R else 0
             if R and not (atomic and atomic_applies(out3, m, K, n, S, P, R)):   # no atomic sum: as before run 21
                 R = decode_rows(m, K, S, num_sms, n, exchange_enabled(m, _config))
         elif R and (R not in _SMALL_ROWS or triton.cdiv(m, R) > 65535 or cfg.get("p") is not None):
             raise _fail("_config small_rows", f"0 or one of {_SMALL_ROWS} (without p, and ceil(m / R) <= 65535)", R)
-        if R:   # forced onto a shape the rule does not take: whole splits, however wide (correct, slow)
+        if pick:
+            pass
+        elif R:   # forced onto a shape the rule does not take: whole splits, however wide (correct, slow)
             P = small_sub_splits(K, S, n) or 1
         else:   # (P = 2 asks atomic_applies about the shape only)
             P = cfg.get("p") or cuda_sub_splits(m, K, S, num_sms, atomic and atomic_applies(out3, m, K, n, S, 2, 0))
@@ -862,14 +948,15 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
             if not (1 <= P <= _CUDA_MAX_SUB and (P == 1 or groups <= _COUNTER_CAP)):
                 raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda' (1 when m tiles x splits = {groups} "
                             f"> {_COUNTER_CAP} counters)", P)
-        use_atomic = atomic and atomic_applies(out3, m, K, n, S, P, R)
+        rows = 0 if R else (rows or _CUDA_ROWS)
+        use_atomic = atomic and atomic_applies(out3, m, K, n, S, P, R, rows)
         if cfg.get("atomic") and not use_atomic:
             raise _fail("_config atomic", "sub-slices (P > 1) of one split, n = 24, out [m, 24] with unit n stride, "
-                        "m stride % 4 == 0 and a 16-byte aligned base (the MMA kernel: m >= 64, K % 32 == 0, out "
-                        "rows contiguous)", f"m={m} K={K} n={n} splits={S} P={P} rows={R} out strides "
-                        f"{tuple(out3.stride())}")
+                        "m stride % 4 == 0 and a 16-byte aligned base (the MMA kernel: m >= its rows per block, K % "
+                        "32 == 0, out rows contiguous)", f"m={m} K={K} n={n} splits={S} P={P} rows={R} mma_rows={rows} "
+                        f"out strides {tuple(out3.stride())}")
         _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R, (not use_atomic) and exchange_enabled(m, _config),
-                   atomic=use_atomic)
+                   atomic=use_atomic, mma_rows=rows)
         return None
     bf16x2 = _precision()
     num_sms = sm_count(dev) if dev.type == "cuda" else 8
