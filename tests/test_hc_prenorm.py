@@ -818,6 +818,14 @@ def test_gpu_mma_rows_auto_and_refusals(monkeypatch):
         o, q = _poisoned(m, n, S or 1, "cuda", flat=S is None)
         with pytest.raises(UnsupportedCase, match="hc_prenorm: _config mma_rows "):
             hp.hc_prenorm_gemm(xo, fo, o, q, S, impl="cuda", _config=cfg)
+    o, q = _poisoned(48, 24, 1, "cuda", flat=True)
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config p "):
+        hp.hc_prenorm_gemm(x, fn, o, q, None, impl="cuda", _config={"mma_rows": 16, "p": 65})
+    o, q = _poisoned(48, 24, 64, "cuda")   # mma_rows 64: the 64-row MMA kernel (here its general instance, m < 64)
+    hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"mma_rows": 64})
+    torch.cuda.synchronize()
+    assert hp.last_launch[2] == 0 and hp.last_launch[4] == 64, hp.last_launch
+    _check(x, fn, o, q, 64)
     o, q, _ = _strided_out(64, 48, 4)   # P = 1 needs contiguous out rows
     with pytest.raises(UnsupportedCase, match="hc_prenorm: _config mma_rows "):
         hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"mma_rows": 16})

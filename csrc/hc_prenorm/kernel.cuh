@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, kR <= 32 ? 2 : 1) hc_prenorm_kernel(
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t mt = blockIdx.x, m_tiles = gridDim.x;
   const int64_t row0 = mt * kR;
-  // rows computed: [rb, rb + 64); kFast: the last tile ends at row m
+  // rows computed: [rb, rb + kR); kFast: the last tile ends at row m
   const int64_t rb = kFast ? min(row0, p.m - kR) : row0;
   // K range: DeepGEMM's partition of the 64-wide blocks over the S splits (the first nb % S get one
   // more), then the same partition of split s over its P sub-slices; a range may be empty. kFast: in

@@ -62,12 +62,13 @@ typedef struct HcPrenormParams {
   int64_t atomic_sum;     // 1: the P > 1 sub-slices of one split are added into the caller's out / sqrsum with float
                           // atomics after a zero kernel (no workspace, no reduce grid; the sum order, so the last
                           // bits, may differ between calls): n = 24, out with unit n stride, m stride % 4 == 0 and a
-                          // 16-byte aligned base; small_rows 0 (the MMA kernel) also needs its kFast shape (m >= 64,
-                          // K % 32 == 0, out rows contiguous: m stride 24); no xchg
+                          // 16-byte aligned base; small_rows 0 (the MMA kernel) also needs its kFast shape (m >= its
+                          // rows per block, mma_rows or 64; K % 32 == 0, out rows contiguous: m stride 24); no xchg
   int64_t mma_rows;       // the MMA kernel's x rows per block (kernel.cuh kR): 0 or 64 (the default), or 16 / 32
-                          // for its kFast instance only (small_rows 0, n = 24, K % 32 == 0, m >= mma_rows, out rows
-                          // contiguous: m stride 24, unit n stride, 16-byte aligned) with either atomic_sum or no
-                          // sub-slices (sub_splits 1; the caller's S splits, S stride % 4 == 0)
+                          // for its kFast instance only (small_rows 0, n = 24, K % 32 == 0, m >= mma_rows) with
+                          // atomic_sum, or sub-slices into the workspace (sub_splits > 1, ws 16-byte aligned; no
+                          // counters needed), or none (sub_splits 1: out rows contiguous, m stride 24, unit n stride,
+                          // 16-byte aligned, S stride % 4 == 0)
 } HcPrenormParams;
 
 #ifdef __cplusplus

@@ -390,7 +390,7 @@ def atomic_enabled(_config=None) -> bool:
 def atomic_applies(out2, m: int, K: int, n: int, S: int, P: int, R: int, rows: int = 0) -> bool:
     """Whether the atomic sum can take a call (csrc/api.cu atomic_sum): sub-slices (P > 1) of one split, n = 24, out
     [m, 24] with unit n stride, an m stride that keeps float4 rows aligned and a 16-byte aligned base; the MMA kernel
-    (R = 0) only as its kFast instance (m >= 64, K % 32 == 0, out rows contiguous)."""
+    (R = 0) only as its kFast instance (m >= its ``rows`` per block, 64 when 0; K % 32 == 0, out rows contiguous)."""
     if not (P > 1 and S == 1 and n == _CUDA_MAX_N and out2.stride(-1) == 1 and out2.stride(-2) % 4 == 0
             and out2.data_ptr() % 16 == 0):
         return False
@@ -926,13 +926,15 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
                             f"m={m} n={n} K={K}")
             fixed = not (atomic and atomic_applies(out3, m, K, n, S, 2, 0, rows))
             pick = (rows, cfg.get("p") or mma_rows_sub_splits(m, K, S, num_sms, rows, fixed))
+            if not 1 <= pick[1] <= _CUDA_MAX_SUB:
+                raise _fail("_config p", f"1..{_CUDA_MAX_SUB} for impl 'cuda'", pick[1])
             if pick[1] == 1 and not _out_rows(out3):
                 raise _fail("_config mma_rows", "sub-slices (p > 1) or out [S, m, 24] with contiguous 16-byte aligned "
                             "rows", f"p={pick[1]} out strides {tuple(out3.stride())}")
         if pick:   # the MMA kernel with 16 / 32 rows per block
             R, (rows, P) = 0, pick
-        elif R is None:   # a forced sub-split count p means the MMA kernel
-            R = 0 if cfg.get("p") else small_rows(m, K, S, num_sms, n)
+        elif R is None:   # a forced sub-split count p (or mma_rows 64) means the MMA kernel
+            R = 0 if cfg.get("p") or rows == _CUDA_ROWS else small_rows(m, K, S, num_sms, n)
             P = (small_sub_splits(K, S, n) or 1) if R else 0
             if R and not (atomic and atomic_applies(out3, m, K, n, S, P, R)):   # no atomic sum: as before run 21
                 R = decode_rows(m, K, S, num_sms, n, exchange_enabled(m, _config))
