@@ -76,11 +76,11 @@ def check_indexer_logits(device: str = "cuda") -> str:
 
 
 def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
-    """Decode-sized calls with the caller's splits (SGLang's 64: the compiled few-rows kernel; 4: the Triton
-    kernel) and without (hc_pre's num_splits None at m = 1: the whole-K kernel; m = 3: the few-rows kernel's
-    sub-slices, added by float atomics unless deterministic sums are asked for, and, where the atomic sum ran, once
-    more with the fixed-order one, the exchange), and a prefill-sized one without (the compiled MMA kernel where
-    Triton builds mma.sync, e.g. SM120; "auto" picks)."""
+    """Decode-sized calls with the caller's splits (SGLang's 64: the compiled few-rows kernel at m = 5, the MMA
+    kernel's 16-row tiles at m = 40; 4: the Triton kernel) and without (hc_pre's num_splits None at m = 1: the whole-K
+    kernel; m = 3: the few-rows kernel's sub-slices, added by float atomics unless deterministic sums are asked for,
+    and, where the atomic sum ran, once more with the fixed-order one, the exchange; m = 40: the 16-row tiles), and
+    a prefill-sized one without (the compiled MMA kernel where Triton builds mma.sync, e.g. SM120; "auto" picks)."""
     import torch
 
     from .ops import hc_prenorm as hp
@@ -88,7 +88,7 @@ def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
 
     sums = {"xchg": ", exchange", "atomic": ", atomic sum", "reduce": ", reduce grid"}
     parts = []
-    for m, S in ((5, 64), (1, None), (3, None), (3, "fixed"), (37, 4), (300, None)):
+    for m, S in ((5, 64), (40, 64), (1, None), (3, None), (3, "fixed"), (40, None), (37, 4), (300, None)):
         if S == "fixed":   # the fixed-order sum of the same call, where "auto" took the atomic one
             if parts[-1][1] != "atomic":
                 continue
@@ -108,7 +108,9 @@ def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
         how, summed = hp.last_launch[0], None
         if how == "cuda":
             summed = hp.last_launch[3]
-            how += (", whole K" if hp.last_launch[2] == "fnrow" else "") + sums.get(summed, "")
+            rows = hp.last_launch[4] if len(hp.last_launch) > 4 else None
+            how += ((", whole K" if hp.last_launch[2] == "fnrow" else "") + sums.get(summed, "")
+                    + (f", {rows}-row MMA tiles" if rows in hp.MMA_ROWS else ""))
         parts.append((f"m={m} splits={S} ({how}): out rel err {e:.1e}, sqrsum {es:.1e}", summed))
     return f"K={K}: " + "; ".join(p for p, _ in parts)
 
