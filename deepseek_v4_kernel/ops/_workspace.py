@@ -40,3 +40,17 @@ def scratch(pool: dict, device: torch.device, numel: int, dtype=torch.float32,
     size = max(min_numel, 1 << max(0, numel - 1).bit_length())
     bufs.append(torch.empty(size, dtype=dtype, device=device))
     return bufs[-1][:numel]
+
+
+def zeroed(pool: dict, device: torch.device, numel: int, dtype) -> Optional[torch.Tensor]:
+    """``pool``'s zero-initialised buffer for (device, current stream), made once: buffers whose kernels leave them
+    as they found them (counters reset by their last user, epochs / tickets kept consistent), so no launch or graph
+    replay needs a memset. None while a graph is being captured and no buffer exists yet: it cannot be zeroed
+    eagerly then, and the caller takes a path without it."""
+    key = stream_key(device)
+    buf = pool.get(key)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = pool[key] = torch.zeros(numel, dtype=dtype, device=device)
+    return buf

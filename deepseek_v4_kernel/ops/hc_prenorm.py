@@ -53,11 +53,13 @@ the whole-K kernel (run 19: one 1024-thread block per fn row over all of K, no p
 2) takes the call instead (``fnrow_enabled``).
 
 Atomic sum (run 21, ``atomic_enabled`` / ``atomic_applies``): by default the sub-slices of num_splits None (the
-few-rows kernel at m = 3-63, the MMA kernel's kFast instance from m = 64) are not summed by the exchange or a
-reduce grid: a zero kernel clears the caller's out / sqrsum, then every block adds its sums with float4 atomics
-(H100, num_splits None: m = 4 / 8 / 16 / 32 / 63 in 3.2 / 3.6 / 4.2 / 4.7 / 6.1 us against 3.7 / 4.4 / 5.1 / 5.7 /
-7.2 before; m = 512 10.0 against 11.3). The order of those additions depends on timing, so the last bits of out /
-sqrsum may differ between two identical calls (the float64 error bound is the same). Env DSV4_HC_PRENORM_ATOMIC=0,
+few-rows kernel from m = 3, the MMA kernel's kFast instance with 16-row tiles from m = 16 for DeepSeek-V4's shape
+since run 22, with 64-row tiles from m = 129) are not summed by the exchange or a reduce grid: a zero kernel
+clears the caller's out / sqrsum, then every block adds its sums with float4 atomics (H100, run 21, num_splits None:
+m = 4 / 8 / 16 / 32 / 63 in 3.2 / 3.6 / 4.2 / 4.7 / 6.1 us against 3.7 / 4.4 / 5.1 / 5.7 / 7.2 before; m = 512 10.0
+against 11.3; run 22's tiles: m = 16 / 48 / 64 3.8 / 4.4 / 4.5 us, ``mma_rows_pick``). The order of those
+additions depends on timing, so the last bits of out / sqrsum may differ between two identical calls (the float64
+error bound is the same). Env DSV4_HC_PRENORM_ATOMIC=0,
 or SGLang's deterministic inference (``--enable-deterministic-inference``, which sets
 SGLANG_ENABLE_DETERMINISTIC_INFERENCE in its workers), keeps the fixed-order sums.
 """
@@ -73,7 +75,8 @@ import triton.language as tl
 from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
 from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count
 from deepseek_v4_kernel.ops._workspace import scratch as _scratch
-from deepseek_v4_kernel.ops._workspace import stream_key as _stream_key
+from deepseek_v4_kernel.ops._workspace import stream_key as _stream_key  # noqa: F401 (the tests key buffers by it)
+from deepseek_v4_kernel.ops._workspace import zeroed as _zeroed
 
 OP = "hc_prenorm"
 _KBLOCK = 64  # DeepGEMM's split granularity (BLOCK_K of its sm90/sm100 kernels)
@@ -319,14 +322,7 @@ def _counters(device: torch.device):
     counter it uses, so the set stays zero between launches and graph replays.
     Returns None while a graph is being captured and no set exists yet (it cannot
     be zeroed eagerly then); the caller then uses the workspace-free kernel."""
-    key = _stream_key(device)
-    buf = _COUNTERS.get(key)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        buf = torch.zeros(_COUNTER_CAP, dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    return _zeroed(_COUNTERS, device, _COUNTER_CAP, torch.int32)
 
 
 # The few-rows kernel's exchange buffer (csrc/hc_prenorm/params.h DSV4_HC_PRENORM_XCHG_*): uint32 epochs [64],
@@ -341,14 +337,7 @@ def _exchange(device: torch.device):
     """The zeroed exchange buffer of (device, current stream), or None while a graph is being captured and
     none exists yet (it cannot be zeroed eagerly then): the call then takes the reduce grid instead (the same
     sum order, so the same bits)."""
-    key = _stream_key(device)
-    buf = _XCHG.get(key)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        buf = torch.zeros(_XCHG_BYTES // 8, dtype=torch.int64, device=device)
-        _XCHG[key] = buf
-    return buf
+    return _zeroed(_XCHG, device, _XCHG_BYTES // 8, torch.int64)
 
 
 XCHG_AUTO_MAX_M = 8    # rows up to which the exchange (with one row per block) beats the reduce grid: its summing
@@ -931,7 +920,7 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
             if pick[1] == 1 and not _out_rows(out3):
                 raise _fail("_config mma_rows", "sub-slices (p > 1) or out [S, m, 24] with contiguous 16-byte aligned "
                             "rows", f"p={pick[1]} out strides {tuple(out3.stride())}")
-        if pick:   # the MMA kernel with 16 / 32 rows per block
+        if pick:   # the MMA kernel with 16 / 32 rows per block, and its P
             R, (rows, P) = 0, pick
         elif R is None:   # a forced sub-split count p (or mma_rows 64) means the MMA kernel
             R = 0 if cfg.get("p") or rows == _CUDA_ROWS else small_rows(m, K, S, num_sms, n)
@@ -940,11 +929,9 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
                 R = decode_rows(m, K, S, num_sms, n, exchange_enabled(m, _config))
         elif R and (R not in _SMALL_ROWS or triton.cdiv(m, R) > 65535 or cfg.get("p") is not None):
             raise _fail("_config small_rows", f"0 or one of {_SMALL_ROWS} (without p, and ceil(m / R) <= 65535)", R)
-        if pick:
-            pass
-        elif R:   # forced onto a shape the rule does not take: whole splits, however wide (correct, slow)
+        if R and not pick:   # forced onto a shape the rule does not take: whole splits, however wide (correct, slow)
             P = small_sub_splits(K, S, n) or 1
-        else:   # (P = 2 asks atomic_applies about the shape only)
+        elif not pick:   # the 64-row MMA kernel (P = 2 asks atomic_applies about the shape only)
             P = cfg.get("p") or cuda_sub_splits(m, K, S, num_sms, atomic and atomic_applies(out3, m, K, n, S, 2, 0))
             groups = triton.cdiv(m, _CUDA_ROWS) * S
             if not (1 <= P <= _CUDA_MAX_SUB and (P == 1 or groups <= _COUNTER_CAP)):
