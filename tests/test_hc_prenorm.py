@@ -655,6 +655,10 @@ def test_gpu_fnrow_refuses_by_name():
     o, q = _poisoned(2, 24, 1, "cuda", flat=True)
     with pytest.raises(UnsupportedCase, match="hc_prenorm: _config fnrow "):
         hp.hc_prenorm_gemm(x[:2], fn, o, q, None, impl="cuda", _config={"fnrow": True, "small_rows": 1})
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config fnrow "):
+        hp.hc_prenorm_gemm(x[:2], fn, o, q, None, impl="cuda", _config={"fnrow": True, "mma_rows": 16})
+    with pytest.raises(UnsupportedCase, match="hc_prenorm: _config mma_rows "):   # not the whole-K kernel instead
+        hp.hc_prenorm_gemm(x[:2], fn, o, q, None, impl="cuda", _config={"mma_rows": 16})
 
 
 @pytest.mark.gpu
@@ -1136,9 +1140,11 @@ def test_fnrow_rule(monkeypatch):
             want = m <= hp.FNROW_AUTO_MAX_M and S == 1
             assert hp.fnrow_enabled(m, 16384, S, 24) == want, (m, S)
             assert hp.fnrow_applies(m, 16384, S, 24) == (m <= hp.FNROW_MAX_M and S == 1)
-            for cfg in ({"small_rows": 1}, {"p": 2}, {"xchg": True}, {"xchg": False}, {"atomic": True}):
+            for cfg in ({"small_rows": 1}, {"p": 2}, {"xchg": True}, {"xchg": False}, {"atomic": True},
+                        {"mma_rows": 16}, {"mma_rows": 64}):
                 assert not hp.fnrow_enabled(m, 16384, S, 24, cfg)
             assert hp.fnrow_enabled(m, 16384, S, 24, {"atomic": False}) == want
+            assert hp.fnrow_enabled(m, 16384, S, 24, {"mma_rows": 0}) == want   # 0: the rules
             assert hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": True})
             assert not hp.fnrow_enabled(m, 16384, S, 24, {"fnrow": False})
     assert not hp.fnrow_applies(1, 16384, 1, 25) and not hp.fnrow_applies(1, 1 << 30, 1, 24)

@@ -698,13 +698,13 @@ def fnrow_applies(m: int, K: int, S: int, n: int) -> bool:
 
 def fnrow_enabled(m: int, K: int, S: int, n: int, _config=None) -> bool:
     """Whether a call goes to the whole-K kernel: ``_config["fnrow"]`` if given; else not when the config picks
-    another path (``small_rows``, ``p``, ``xchg``, ``atomic`` true) or env DSV4_HC_PRENORM_FNROW=0; else where the
-    few-rows kernel would take the call with one split at m <= FNROW_AUTO_MAX_M (H100 run 21: at m = 1 it beats the
-    atomic sum too, 2.55 against 2.82 us)."""
+    another path (``small_rows``, ``p``, ``xchg``, ``atomic`` true, ``mma_rows`` 16 / 32 / 64) or env
+    DSV4_HC_PRENORM_FNROW=0; else where the few-rows kernel would take the call with one split at m <=
+    FNROW_AUTO_MAX_M (H100 run 21: at m = 1 it beats the atomic sum too, 2.55 against 2.82 us)."""
     cfg = _config or {}
     if "fnrow" in cfg:
         return bool(cfg["fnrow"])
-    if ({"small_rows", "p", "xchg"} & set(cfg) or cfg.get("atomic")
+    if ({"small_rows", "p", "xchg"} & set(cfg) or cfg.get("atomic") or cfg.get("mma_rows")
             or os.environ.get("DSV4_HC_PRENORM_FNROW", "1") == "0"):
         return False
     return m <= FNROW_AUTO_MAX_M and fnrow_applies(m, K, S, n) and small_applies(m, K, S, n)
@@ -892,9 +892,10 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
     if pick_impl(x, fn, S, impl, _config) == "cuda":
         num_sms = sm_count(dev)
         if fnrow_enabled(m, K, S, n, _config):   # one block per fn row over the whole K: no cross-block sum
-            if not fnrow_applies(m, K, S, n) or {"small_rows", "p"} & set(_config or {}):
+            if (not fnrow_applies(m, K, S, n) or {"small_rows", "p"} & set(_config or {})
+                    or (_config or {}).get("mma_rows")):
                 raise _fail("_config fnrow", f"only with m <= {FNROW_MAX_M}, one split, n <= {_CUDA_MAX_N}, K < 2^30 "
-                            "and without small_rows / p", f"m={m} splits={S} n={n} K={K} config={_config}")
+                            "and without small_rows / p / mma_rows", f"m={m} splits={S} n={n} K={K} config={_config}")
             _cuda_gemm(x, fn, out3, sq2, m, K, n, S, 1, 0, False, True)
             return None
         cfg = _config or {}
