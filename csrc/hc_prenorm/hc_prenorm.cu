@@ -118,8 +118,6 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
     if (e != cudaSuccess || p.sub_splits == 1 || xchg) return e;
     return reduce();
   }
-  const unsigned m_tiles = (unsigned)((p.m + kRows - 1) / kRows);
-  const dim3 grid(m_tiles, (unsigned)(p.num_splits * p.sub_splits));
   // x rows per block: mma_rows 16 / 32 only with the kFast shape (api.cu checks it, so nothing below falls back
   // to the general kernel with them)
   const bool few_rows = p.mma_rows != 0 && p.mma_rows != kRows;
@@ -129,16 +127,16 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
   if (p.sub_splits > 1 && fast_shape && ((uintptr_t)p.ws & 15) == 0) {
     // P > 1: the kFast kernel stores the S * P partials into the workspace as its out [S * P, m, 24] and
     // sqrsum [S * P, m], the reduce grid (PDL) sums them into the caller's out / sqrsum
-    e = few_rows ? launch_fast<false>(to_workspace(), (unsigned)(p.num_splits * p.sub_splits), pdl, stream)
-                 : launch_kernel(hc_prenorm_kernel<true>, grid, kThreads, 0, pdl, stream, to_workspace());
+    e = launch_fast<false>(to_workspace(), (unsigned)(p.num_splits * p.sub_splits), pdl, stream);
     if (e != cudaSuccess) return e;
     return reduce();
   }
-  if (few_rows) return launch_fast<false>(p, (unsigned)p.num_splits, pdl, stream);   // P = 1 (api.cu)
+  // P = 1 (with 16 / 32 rows always: api.cu checks their out rows)
   const bool fast = p.sub_splits == 1 && fast_shape && p.out_stride_n == 1 && p.out_stride_m == kN &&
                     (p.num_splits == 1 || p.out_stride_s % 4 == 0) && ((uintptr_t)p.out & 15) == 0;
-  return launch_kernel(fast ? hc_prenorm_kernel<true> : hc_prenorm_kernel<false>, grid, kThreads, 0, pdl,
-                       stream, p);
+  if (fast) return launch_fast<false>(p, (unsigned)p.num_splits, pdl, stream);
+  const dim3 grid((unsigned)((p.m + kRows - 1) / kRows), (unsigned)(p.num_splits * p.sub_splits));
+  return launch_kernel(hc_prenorm_kernel<false>, grid, kThreads, 0, pdl, stream, p);
 }
 
 }  // namespace dsv4
