@@ -108,9 +108,8 @@ def check_hc_prenorm(device: str = "cuda", K: int = 16384) -> str:
         how, summed = hp.last_launch[0], None
         if how == "cuda":
             summed = hp.last_launch[3]
-            rows = hp.last_launch[4] if len(hp.last_launch) > 4 else None
             how += ((", whole K" if hp.last_launch[2] == "fnrow" else "") + sums.get(summed, "")
-                    + (f", {rows}-row MMA tiles" if rows in hp.MMA_ROWS else ""))
+                    + (f", {hp.last_launch[4]}-row MMA tiles" if hp.last_launch[4] in hp.MMA_ROWS else ""))
         parts.append((f"m={m} splits={S} ({how}): out rel err {e:.1e}, sqrsum {es:.1e}", summed))
     return f"K={K}: " + "; ".join(p for p, _ in parts)
 
