@@ -22,9 +22,9 @@ def _named_constants(*files):
     env = {}
     for f in files:
         src = open(os.path.join(ROOT, "csrc", f)).read()
-        for name, expr in re.findall(r"constexpr int (\w+) = ([^;]+);", src):
+        for name, expr in re.findall(r"constexpr int (\w+) =\s*([^;]+);", src):
             try:
-                env[name] = eval(expr.split("//")[0], {}, dict(env))
+                env[name] = eval(expr.split("//")[0].strip(), {}, dict(env))
             except (NameError, SyntaxError):  # uses a template parameter or a macro: not a size we need
                 pass
     return env
@@ -33,9 +33,9 @@ def _named_constants(*files):
 def _kernel_smem_constant():
     """kSmemBytes from kernel.cuh, evaluated from its named constants (dynamic smem per block)."""
     env = _named_constants("sparse_decode/kernel.cuh", "sparse_decode/kernel_mma.cuh",
-                           "sparse_decode/kernel_mma64.cuh")
+                           "sparse_decode/kernel_mma64.cuh", "sparse_decode/kernel_ws.cuh")
     return {"sparse_decode_kernel": env["kSmemBytes"], "sparse_decode_mma_kernel": env["kMmaSmemBytes"],
-            "sparse_decode_mma64_kernel": env["kM64SmemBytes"]}
+            "sparse_decode_mma64_kernel": env["kM64SmemBytes"], "sparse_decode_ws_kernel": env["kWsSmemBytes"]}
 
 
 def _compile_sm120a(tmp_path, unit, flags=()):
@@ -76,6 +76,10 @@ def test_sparse_decode_resources_sm120a(tmp_path):
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()}, "dynamic smem", dyn)
     assert any("sparse_decode_kernel" in n for n in seen) and any("combine" in n for n in seen)
     assert any("sparse_decode_mma64_kernel" in n for n in seen)
+    # the warp-specialised kernel: 384 threads, so at most 168 registers at launch (setmaxnreg moves 8 per PV
+    # thread to the S warps inside; ptxas reports the launch count), 0 spills as every kernel
+    ws = [v for k, v in seen.items() if "sparse_decode_ws_kernel" in k]
+    assert len(ws) == 1 and ws[0][0] <= 168, ws
     # the combine's instances (sparse_decode.cu's launcher): kChunk 4 / 16 / 24 x one or two blocks per head row
     # (kZ), each with registers for at least two of its blocks (128 / kZ threads) per SM
     combine = {k: v for k, v in seen.items() if "combine" in k}

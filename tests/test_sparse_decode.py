@@ -161,13 +161,25 @@ def test_impl_codes_match_the_c_side():
     assert sd.HEAD_TILE["mma64"] == 64
 
 
+def test_64_head_launches_take_the_warp_specialised_kernel_under_auto(monkeypatch):
+    """"auto" runs the mma64 rule's 64-head launches with >= WS_MIN_TILES tiles per block on kernel_ws.cuh
+    (impl 5), "mma64" by name keeps the 8-warp kernel, and DSV4_SPARSE_DECODE_WS=0 (WS64) switches it off."""
+    assert sd.IMPL_CODE["mma64ws"] == 5 and sd.HEAD_TILE["mma64ws"] == 64 and sd.WS_MIN_TILES == 4
+    monkeypatch.setattr(sd, "WS64", True)
+    assert sd.launch_64("auto", 640) == "mma64ws" and sd.launch_64("auto", 128) == "mma64ws"
+    assert sd.launch_64("auto", 96) == "mma64"          # 3 tiles per block: the 8-warp kernel (run 50)
+    assert sd.launch_64("mma64", 640) == "mma64"
+    monkeypatch.setattr(sd, "WS64", False)
+    assert sd.launch_64("auto", 640) == "mma64"
+
+
 def test_choose_splits_shapes_only():
     assert sd.choose_splits(1, 1, 64, 640, 132)[0] > 1            # b=1: split-KV
     assert sd.choose_splits(1024, 1, 64, 640, 132) == (1, 640)    # large b: one pass
     for args in [(1, 1, 8, 1, 132), (3, 4, 128, 8320, 188), (2, 1, 64, 33, 132)]:
         n, per = sd.choose_splits(*args)
         assert per % 32 == 0 and (n - 1) * per < args[3] <= n * per or args[3] <= per
-    for impl in ["simt", "mma", "mma64", "mma64h32", "mma64h16", "auto"]:
+    for impl in ["simt", "mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "auto"]:
         for args in [(1, 1, 64, 640, 132), (8, 2, 128, 2176, 188), (1024, 1, 64, 640, 132), (2, 1, 96, 33, 132)]:
             n, per = sd.choose_splits(*args, impl=impl)
             assert 1 <= n <= sd.MAX_SPLITS and per % 32 == 0 and (n - 1) * per < max(args[3], 1) <= n * per
@@ -330,7 +342,7 @@ def test_gpu_vs_reference(name):
                                               (2, 26, 13), (2, 26, 26), (2, 40, 20), (2, 40, 40), (2, 64, 22),
                                               (2, 64, 32), (2, 64, 64), (1, 26, 5), (1, 26, 13), (1, 40, 20),
                                               (1, 26, 26), (1, 64, 64)])
-@pytest.mark.parametrize("impl", ["mma64", "mma64h16"])
+@pytest.mark.parametrize("impl", ["mma64", "mma64h16", "mma64ws"])
 def test_gpu_forced_split_counts(monkeypatch, impl, b, tiles, splits):
     """Every combine instance (kChunk 4 for <= 4 splits, 24 for 17..24, 16 otherwise: 25..64 splits take two
     to four rounds; each head row in one block, or in two when rows x h_q <= 128: the b = 1 cases) and the
@@ -352,7 +364,7 @@ def test_gpu_forced_split_counts(monkeypatch, impl, b, tiles, splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws"])
 @pytest.mark.parametrize("name", ["h96_odd_heads", "h64_b1_split_len", "h128_b40_p256_noslit"])
 def test_gpu_impls_vs_reference(impl, name):
     """Each kernel explicitly (independent of DSV4_SPARSE_DECODE_IMPL): h_q not a multiple of 64,
@@ -401,7 +413,7 @@ def _every_code_case(b, h_q, topk, page_size=64, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma64", "mma64h32", "mma64h16", "mma", "simt"])
+@pytest.mark.parametrize("impl", ["mma64", "mma64h32", "mma64h16", "mma64ws", "mma", "simt"])
 @pytest.mark.parametrize("b", [2, 40])
 def test_gpu_dequantisation_bit_exact(monkeypatch, impl, b):
     """Every e4m3 code (subnormals included) and a range of scales, through each kernel, split (b = 2: 97 slots
@@ -489,7 +501,7 @@ def test_gpu_noncontiguous_q_indices_and_cache_dtype():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws"])
 @pytest.mark.parametrize("layout", ["odd_head_stride", "base_off_by_one"])
 def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
     """q whose bf16 pairs are not 4-byte aligned (odd head stride, or a base one element off): the
@@ -510,7 +522,7 @@ def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws"])
 def test_gpu_growing_scores_rescale(impl):
     """Scores that grow along the position list (ascending rows: the running max moves on every
     tile, the O rescale by alpha < 1 runs each time) or shrink (descending rows: alpha == 1 after
@@ -794,7 +806,7 @@ def _fuzz_call(seed):
         ibig = torch.full((b, s_q, topk, 2), -3, dtype=torch.int32, device="cuda")
         ibig[..., 1] = a["indices"]
         a["indices"] = ibig[..., 1]
-    impl = r.choice([None, None, "mma64", "mma64h32", "mma64h16", "mma", "simt"])
+    impl = r.choice([None, None, "mma64", "mma64h32", "mma64h16", "mma64ws", "mma", "simt"])
     sms = r.choice(SM_COUNTS)
     forced = None
     tiles = -(-positions // 32)
