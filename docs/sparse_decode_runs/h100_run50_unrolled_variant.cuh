@@ -1,0 +1,412 @@
+// Sparse FP8 MLA decode, warp-specialised 64-head block ("mma64ws", impl 5). Same contract, split-KV
+// scheme, staging and dequantisation as kernel_mma64.cuh; SM80+ ISA only (mma.sync m16n8k16 bf16,
+// ldmatrix, cp.async, named barriers), shared by SM90 and SM120.
+//
+// Why: the 8-warp mma64 block holds Q (64 registers) and O (128) in every warp, so it runs two warps per
+// scheduler, the S, softmax and PV phases of a tile one after the other, and the tensor pipe idles in
+// the softmax and the S partial exchange (27 % of the mma.sync ceiling at b = 128, docs/sparse_decode.md
+// runs 29-36). Here the two register-hungry states live in different warps, and the two phases of
+// consecutive tiles run at the same time:
+//   S warps  (kWsSWarps = 4, warps 8..11, one per scheduler): warp mq holds Q of heads 16 mq .. 16 mq + 15
+//            over all 512 dims (128 registers, no partials to exchange), computes S of tile i from K/V
+//            buffer i % 2, the online softmax of its rows, and writes P and alpha of tile i into their
+//            buffer i % 2.
+//   PV warps (kWsPvWarps = 8, warps 0..7, two per scheduler): warp w owns O[64 heads, dims 64 w ..
+//            64 w + 63] (128 registers), does O = O * alpha + P V of tile i, then dequantises tile i + 2
+//            from the staging rows into buffer i % 2 (chunk w, lane = token) and issues the cp.async of
+//            tile i + 3; the PV warps also do the prologue (tiles 0 and 1) and the epilogue.
+//   So while the PV warps work on tile i, the S warps work on tile i + 1: 3 warps per scheduler, all
+//   issuing mma.sync. 384 threads get 168 registers each; setmaxnreg (sm_90a and sm_120a) then moves
+//   registers from the PV warps (kWsPvRegs = 160) to the S warps (kWsSRegs = 184): with 168 the S loop had
+//   no register to load K fragments ahead and ran 1.24x slower at b = 128 (H100 run 50).
+// Hand-offs (named barriers, count 384 = producers' bar.arrive + consumers' bar.sync):
+//   kWsBarKReady + j: PV warps -> S warps, K/V buffer j holds its next tile (and its valid flags)
+//   kWsBarPReady + j: S warps -> PV warps, P / alpha buffer j hold the tile of buffer j
+//   kWsBarPv (256): among the PV warps, around the staging area and the K/V buffer they rewrite.
+// A buffer's next use is ordered by these alone: the S warps rewrite P / alpha j (tile i + 2) only after
+// kWsBarKReady + j for tile i + 2, which the PV warps arrive at after PV(i) has read P / alpha j.
+#pragma once
+#include "kernel_mma64.cuh"
+
+namespace dsv4 {
+
+constexpr int kWsPvWarps = 8;
+constexpr int kWsSWarps = 4;                                     // kM64Heads / 16: one m16 tile each
+constexpr int kWsPvThreads = 32 * kWsPvWarps;                    // 256 = 8 threads per token of a tile
+constexpr int kWsThreads = 32 * (kWsPvWarps + kWsSWarps);        // 384
+// registers per thread: the launch gives each thread 65536 / 384 -> 168 (multiple of 8); the PV warps give
+// 8 of theirs to the S warps (256 * 8 / 128 = 16 more each)
+constexpr int kWsLaunchRegs = 65536 / kWsThreads / 8 * 8;        // 168
+constexpr int kWsPvRegs = 160;
+constexpr int kWsSRegs = (kWsLaunchRegs * kWsThreads - kWsPvThreads * kWsPvRegs) / (kWsThreads - kWsPvThreads) / 8 * 8;
+static_assert(kWsSRegs == 184, "register split: PV warps 160, S warps 184");
+// named barrier ids (0 is __syncthreads)
+constexpr int kWsBarPv = 1, kWsBarKReady = 2, kWsBarPReady = 4;
+// shared memory (padded K/V rows of kKPitch bf16, as the unsplit mma64 kernel):
+constexpr int kWsSmemStage = kM64StageBytes;                     // 18816 B raw rows, scales, flags of one tile
+constexpr int kWsSmemK = 2 * kM64Tok * kKPitch * 2;              // 66560 B two bf16 K/V tiles
+constexpr int kWsSmemP = 2 * kM64Heads * kPPitch * 2;            // 10240 B two P tiles (bf16, pitch 40)
+constexpr int kWsSmemAlpha = 2 * kM64Heads * 4;                  //   512 B two alpha vectors
+constexpr int kWsSmemValid = 2 * kM64Tok * 4;                    //   256 B valid flags per K/V buffer
+constexpr int kWsSmemML = 3 * kM64Heads * 4;                     //   768 B final m, l, attn_sink
+constexpr int kWsSmemIdx = 2 * kM64Tok * 4;                      //   256 B raw slot indices of the next two tiles
+constexpr int kWsSmemRow = 8 * 4;                                //    32 B the block's row constants (PV warps)
+constexpr int kWsSmemBytes =
+    kWsSmemStage + kWsSmemK + kWsSmemP + kWsSmemAlpha + kWsSmemValid + kWsSmemML + kWsSmemIdx + kWsSmemRow;  // 97440 B
+static_assert(kWsSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
+static_assert(kWsPvThreads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
+static_assert(kWsSWarps * 16 == kM64Heads && kWsPvWarps * 64 == kDim, "warp roles cover the block");
+
+template <int kId>
+__device__ __forceinline__ void named_bar_sync(int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
+}
+template <int kId>
+__device__ __forceinline__ void named_bar_arrive(int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
+}
+// a compile-time buffer index: the tile loops are unrolled by two, so every buffer offset and barrier id is
+// an immediate (fewer live registers: the PV warps have none to spare)
+// %laneid read by a volatile asm: ptxas recomputes what depends on it where it is used instead of keeping
+// lane-dependent addresses live across the tile loop (the PV warps spilled such hoisted addresses)
+__device__ __forceinline__ int lane_id_here() {
+  int l;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(l));
+  return l;
+}
+__device__ __forceinline__ int tid_here() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
+template <int N>
+struct Buf {
+  static constexpr int v = N;
+};
+
+__global__ void __launch_bounds__(kWsThreads, 1)
+sparse_decode_ws_kernel(const SparseDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
+  pdl_wait();                // inputs written by the previous kernel of the stream are visible
+  unsigned char* ring = smem;
+  __nv_bfloat16* Kb = (__nv_bfloat16*)(smem + kWsSmemStage);
+  __nv_bfloat16* Pb = (__nv_bfloat16*)(smem + kWsSmemStage + kWsSmemK);
+  float* Ab = (float*)(smem + kWsSmemStage + kWsSmemK + kWsSmemP);
+  int* Vf = (int*)(Ab + 2 * kM64Heads);
+  float* Mf = (float*)(Vf + 2 * kM64Tok);
+  float* Lf = Mf + kM64Heads;
+  float* Sf = Lf + kM64Heads;   // attn_sink of the block's heads (0 without)
+  int* Ix = (int*)(Sf + kM64Heads);
+  int* Rc = Ix + 2 * kM64Tok;   // row constants of the gather: main_lim, extra_lim, bi, si
+  constexpr int kTileKV = kM64Tok * kKPitch;   // bf16 elements per K/V buffer
+  constexpr int kTileP = kM64Heads * kPPitch;  // bf16 elements per P buffer
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int head_blocks = (int)((p.h_q + kM64Heads - 1) / kM64Heads);
+  const int row = (int)(blockIdx.x / head_blocks);   // b * s_q < 2^31 (api.cu)
+  const int h0 = (int)(blockIdx.x - row * head_blocks) * kM64Heads;
+  const int h_end = (int)min((int64_t)h0 + kM64Heads, p.h_q);
+  const int bi = row / (int)p.s_q, si = row - bi * (int)p.s_q;
+  const int split = blockIdx.z;
+  // positions as 32-bit ints (the launcher refuses topk + extra_topk >= 2^31 for this kernel)
+  const int total = (int)(p.topk + p.extra_topk);
+  const int pos_begin = (int)min((int64_t)split * p.split_tokens, (int64_t)total);
+  const int pos_end = (int)min((int64_t)total, (int64_t)pos_begin + p.split_tokens);
+  const int ntiles = pos_end > pos_begin ? (pos_end - pos_begin + kM64Tok - 1) / kM64Tok : 0;
+
+  if (warp >= kWsPvWarps) {
+    // ================= S warps: S = Q K^T and the online softmax of heads 16 mq .. 16 mq + 15 =================
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsSRegs));
+    const int mq = warp - kWsPvWarps;
+    uint32_t qf[kDim / 16][4];   // A-fragments: heads h0 + 16 mq + g (+8), dims 16 ks + 2 t4 (+8)
+    {
+      const unsigned short* q = (const unsigned short*)p.q;
+      const int hl = h0 + mq * 16 + g, hh = hl + 8;
+      const int64_t qb = (int64_t)bi * p.q_stride_b + (int64_t)si * p.q_stride_s;
+      const unsigned short* ql = q + qb + (int64_t)hl * p.q_stride_h + 2 * t4;
+      const unsigned short* qh = q + qb + (int64_t)hh * p.q_stride_h + 2 * t4;
+      const bool vl = hl < h_end, vh = hh < h_end;
+      // even strides + 4-byte-aligned base (the usual case): one 4-byte load per bf16 pair
+      const bool pairs = ((p.q_stride_b | p.q_stride_s | p.q_stride_h) & 1) == 0 && ((uintptr_t)p.q & 3) == 0;
+#pragma unroll
+      for (int ks = 0; ks < kDim / 16; ++ks) {
+        const int d = 16 * ks;
+        if (pairs) {
+          qf[ks][0] = vl ? __ldg((const unsigned int*)(ql + d)) : 0u;
+          qf[ks][1] = vh ? __ldg((const unsigned int*)(qh + d)) : 0u;
+          qf[ks][2] = vl ? __ldg((const unsigned int*)(ql + d + 8)) : 0u;
+          qf[ks][3] = vh ? __ldg((const unsigned int*)(qh + d + 8)) : 0u;
+        } else {
+          qf[ks][0] = vl ? (uint32_t)__ldg(ql + d) | ((uint32_t)__ldg(ql + d + 1) << 16) : 0u;
+          qf[ks][1] = vh ? (uint32_t)__ldg(qh + d) | ((uint32_t)__ldg(qh + d + 1) << 16) : 0u;
+          qf[ks][2] = vl ? (uint32_t)__ldg(ql + d + 8) | ((uint32_t)__ldg(ql + d + 9) << 16) : 0u;
+          qf[ks][3] = vh ? (uint32_t)__ldg(qh + d + 8) | ((uint32_t)__ldg(qh + d + 9) << 16) : 0u;
+        }
+      }
+    }
+    const float scale2 = (float)(p.softmax_scale * 1.4426950408889634);
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;   // rows g, g + 8 of this m16 tile
+    auto s_tile = [&](auto bufc) {
+      constexpr int buf = decltype(bufc)::v;
+      named_bar_sync<kWsBarKReady + buf>(kWsThreads);   // K/V buffer buf holds the tile
+      const __nv_bfloat16* Ks = Kb + buf * kTileKV;
+      const int* vf = Vf + buf * kM64Tok;
+      // S[16 heads, 32 tokens] over all 512 dims: four accumulator chains (n-tiles j), B-fragments by
+      // ldmatrix.x4 = 2 k-steps of one n-tile (lane row (lane & 7) + 8 j); every S warp reads the whole tile
+      float sacc[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+      const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + 8 * (lane >> 3);
+#pragma unroll
+      for (int ks = 0; ks < kDim / 16; ks += 2) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b[4];
+          ldmatrix_x4(b, kb + j * 8 * kKPitch + ks * 16);
+          mma_bf16_16816(sacc[j], qf[ks], b);
+          mma_bf16_16816(sacc[j], qf[ks + 1], b + 2);
+        }
+      }
+      // online softmax (fp32, base 2; a quad owns a head row), as in kernel_mma64.cuh's phase 2
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool v0 = vf[8 * j + 2 * t4] != 0, v1 = vf[8 * j + 2 * t4 + 1] != 0;
+        sacc[j][0] = v0 ? sacc[j][0] * scale2 : -INFINITY;
+        sacc[j][1] = v1 ? sacc[j][1] * scale2 : -INFINITY;
+        sacc[j][2] = v0 ? sacc[j][2] * scale2 : -INFINITY;
+        sacc[j][3] = v1 ? sacc[j][3] * scale2 : -INFINITY;
+        mx_lo = fmaxf(mx_lo, fmaxf(sacc[j][0], sacc[j][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(sacc[j][2], sacc[j][3]));
+      }
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+      const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+      const float al_lo = fast_exp2(m_lo - mu_lo), al_hi = fast_exp2(m_hi - mu_hi);
+      m_lo = mn_lo; m_hi = mn_hi;
+      float sum_lo = 0.f, sum_hi = 0.f;
+      // P / alpha buffer buf is free: the PV warps read it for tile it - 2 before they refilled K/V buffer buf
+      __nv_bfloat16* pr = Pb + buf * kTileP + (mq * 16 + g) * kPPitch + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float e0 = fast_exp2(sacc[j][0] - mu_lo), e1 = fast_exp2(sacc[j][1] - mu_lo);
+        const float e2 = fast_exp2(sacc[j][2] - mu_hi), e3 = fast_exp2(sacc[j][3] - mu_hi);
+        sum_lo += e0 + e1;
+        sum_hi += e2 + e3;
+        *(__nv_bfloat162*)(pr + 8 * j) = __floats2bfloat162_rn(e0, e1);
+        *(__nv_bfloat162*)(pr + 8 * kPPitch + 8 * j) = __floats2bfloat162_rn(e2, e3);
+      }
+      l_lo = l_lo * al_lo + sum_lo;
+      l_hi = l_hi * al_hi + sum_hi;
+      if (t4 == 0) {
+        Ab[buf * kM64Heads + mq * 16 + g] = al_lo;
+        Ab[buf * kM64Heads + mq * 16 + g + 8] = al_hi;
+      }
+      named_bar_arrive<kWsBarPReady + buf>(kWsThreads);   // P, alpha of the tile in buffer buf
+    };
+    for (int it = 0; it < ntiles; it += 2) {
+      s_tile(Buf<0>());
+      if (it + 1 < ntiles) s_tile(Buf<1>());
+    }
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    if (t4 == 0) {
+      Mf[mq * 16 + g] = m_lo; Lf[mq * 16 + g] = l_lo;
+      Mf[mq * 16 + g + 8] = m_hi; Lf[mq * 16 + g + 8] = l_hi;
+    }
+    // the sink values for the PV warps' epilogue (loaded here, by warps that are done, not kept live there)
+    if (t4 == 1) {
+      const int hl = h0 + mq * 16 + g, hh = hl + 8;
+      const bool ws = p.num_splits == 1 && p.attn_sink != nullptr;
+      Sf[mq * 16 + g] = ws && hl < h_end ? p.attn_sink[hl] : 0.f;
+      Sf[mq * 16 + g + 8] = ws && hh < h_end ? p.attn_sink[hh] : 0.f;
+    }
+    __syncthreads();   // E: final m, l visible to the PV warps (which store the output)
+    return;
+  }
+
+  // ================= PV warps: gather, dequantisation, O = O * alpha + P V, epilogue =================
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsPvRegs));
+  // the gather's row constants live in shared memory after the prologue: registers kept live through the
+  // tile loop for them (and for lane-dependent addresses) made ptxas spill at kWsPvRegs
+  {
+    int64_t ml, el;
+    slot_limits(p, bi, &ml, &el);
+    if (tid == 0) { Rc[0] = (int)ml; Rc[1] = (int)el; Rc[2] = bi; Rc[3] = si; }
+  }
+  named_bar_sync<kWsBarPv>(kWsPvThreads);
+  // cp.async of one tile's raw rows into the staging area, as kernel_mma64.cuh's: 8 threads per token (gn),
+  // part gj copies 16-byte chunks gj, gj + 8, ... of the 576-byte row, part 7 the 8-byte scale row, part 0
+  // writes the valid flag; an invalid slot stages zeros (src size 0)
+  const int gn = tid >> 3, gj = tid & 7;
+  auto issue = [&](int t0, int raw_idx) {
+    const int gn = tid_here() >> 3, gj = tid_here() & 7;
+    const int pos = t0 + gn;
+    const int idx = slot_resolve(p, raw_idx, pos, pos_end, Rc[0], Rc[1]);
+    if (gj == 0) ((int*)(ring + kM64StageData + kM64StageScale))[gn] = idx >= 0;
+    const uint8_t* srow = (const uint8_t*)p.k_cache;
+    const uint8_t* tok = srow;
+    if (idx >= 0) tok = token_row(p, pos >= p.topk, idx, &srow);
+    const int nb = idx >= 0 ? 16 : 0;
+    unsigned char* dst = ring + gn * kRowBytes;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cp_async16(dst + 16 * (gj + 8 * k), tok + 16 * (gj + 8 * k), nb);
+    if (gj < 4) cp_async16(dst + 16 * (32 + gj), tok + 16 * (32 + gj), nb);
+    if (gj == 7) cp_async8(ring + kM64StageData + gn * kScaleBytes, srow, nb / 2);
+  };
+  // raw slot index of tile t's token gn -> Ix[t % 2][gn] by a 4-byte cp.async, committed with the rows of tile
+  // t - 1: no register holds it while it is in flight (a register did, and ptxas spilled it: the spill store
+  // waited for the load). A position beyond the split reads nothing; its slot resolves to -1 anyway.
+  auto index_async = [&](auto bufc, int t) {   // bufc: t % 2
+    const int gn = tid_here() >> 3, gj = tid_here() & 7;
+    if (gj != 0) return;
+    const int pos = pos_begin + t * kM64Tok + gn;
+    const int32_t* src = p.indices;
+    int nb = 0;
+    if (pos < pos_end) {
+      nb = 4;
+      const int bi = Rc[2], si = Rc[3];
+      src = pos < p.topk ? p.indices + (int64_t)bi * p.idx_stride_b + (int64_t)si * p.idx_stride_s + (int64_t)pos * p.idx_stride_k
+                         : p.extra_indices + (int64_t)bi * p.extra_idx_stride_b + (int64_t)si * p.extra_idx_stride_s +
+                               (int64_t)(pos - p.topk) * p.extra_idx_stride_k;
+    }
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(Ix + decltype(bufc)::v * kM64Tok + gn);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(nb));
+  };
+  // chunk c = warp (0..6 fp8 NoPE, 7 RoPE copy) of every token (lane = token) from the staging rows into K/V
+  // buffer buf, exact; rotated 16-byte order (conflict-free staging reads). Chunk 0 also copies the flags.
+  auto dequant = [&](auto bufc) {
+    constexpr int buf = decltype(bufc)::v;
+    const int n = lane_id_here(), c = warp;
+    if (c == 0) Vf[buf * kM64Tok + n] = ((const int*)(ring + kM64StageData + kM64StageScale))[n];
+    unsigned char* dst = (unsigned char*)(Kb + buf * kTileKV + n * kKPitch + c * 64);
+    if (c < 7) {
+      const float sc = ue8m0_to_float(ring[kM64StageData + n * kScaleBytes + c]);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int kk = (s + (n >> 1)) & 3;
+        const uint4 raw = *(const uint4*)(ring + n * kRowBytes + c * 64 + 16 * kk);
+        uint4 o0, o1;
+        o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
+        o0.z = e4m3x2_to_bf16x2(raw.y, sc); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, sc);
+        o1.x = e4m3x2_to_bf16x2(raw.z, sc); o1.y = e4m3x2_to_bf16x2(raw.z >> 16, sc);
+        o1.z = e4m3x2_to_bf16x2(raw.w, sc); o1.w = e4m3x2_to_bf16x2(raw.w >> 16, sc);
+        ((uint4*)dst)[2 * kk] = o0;
+        ((uint4*)dst)[2 * kk + 1] = o1;
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (s + (n >> 1)) & 7;
+        ((uint4*)dst)[kk] = *(const uint4*)(ring + n * kRowBytes + kNope + 16 * kk);
+      }
+    }
+  };
+  // tile t from the staging area into K/V buffer t % 2, handed to the S warps; then the copies of tile t + 1
+  // and the slot indices of tile t + 2
+  auto stage = [&](auto bufc, int t) {   // bufc: t % 2
+    constexpr int buf = decltype(bufc)::v;
+    cp_async_wait<0>();
+    named_bar_sync<kWsBarPv>(kWsPvThreads);    // every copy of tile t landed; buffer t % 2 is no longer read
+    dequant(bufc);
+    named_bar_sync<kWsBarPv>(kWsPvThreads);    // the staging area is free
+    named_bar_arrive<kWsBarKReady + buf>(kWsThreads);
+    if (t + 1 < ntiles) issue(pos_begin + (t + 1) * kM64Tok, Ix[(buf ^ 1) * kM64Tok + gn]);
+    if (t + 2 < ntiles) index_async(bufc, t + 2);
+    cp_async_commit();
+  };
+
+  if (ntiles > 0) issue(pos_begin, slot_load(p, bi, si, pos_begin + gn, pos_end));
+  if (ntiles > 1) index_async(Buf<1>(), 1);
+  cp_async_commit();
+  float acc[4][8][4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
+  if (ntiles > 0) stage(Buf<0>(), 0);
+  if (ntiles > 1) stage(Buf<1>(), 1);
+
+  auto pv_tile = [&](auto bufc, int it) {   // bufc: it % 2
+    constexpr int buf = decltype(bufc)::v;
+    named_bar_sync<kWsBarPReady + buf>(kWsThreads);   // P, alpha of tile it
+    const __nv_bfloat16* Ks = Kb + buf * kTileKV;
+    const __nv_bfloat16* Ps = Pb + buf * kTileP;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const float a_lo = Ab[buf * kM64Heads + m * 16 + g], a_hi = Ab[buf * kM64Heads + m * 16 + g + 8];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        acc[m][n][0] *= a_lo; acc[m][n][1] *= a_lo; acc[m][n][2] *= a_hi; acc[m][n][3] *= a_hi;
+      }
+    }
+    // O[64 heads, dims 64 warp ..] += P V: P via ldmatrix.x4, V via ldmatrix.x4.trans (as kernel_mma64.cuh)
+#pragma unroll
+    const int ln = lane_id_here();
+    for (int kk = 0; kk < kM64Tok; kk += 16) {
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) ldmatrix_x4(pa[m], Ps + (m * 16 + (ln & 15)) * kPPitch + kk + 8 * (ln >> 4));
+      const __nv_bfloat16* vrow = Ks + (kk + (ln & 15)) * kKPitch + 64 * warp + 8 * (ln >> 4);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bb[4];
+        ldmatrix_x4_trans(bb, vrow + 16 * np);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          mma_bf16_16816(acc[m][2 * np], pa[m], bb);
+          mma_bf16_16816(acc[m][2 * np + 1], pa[m], bb + 2);
+        }
+      }
+    }
+    if (it + 2 < ntiles) stage(bufc, it + 2);
+  };
+  for (int it = 0; it < ntiles; it += 2) {
+    pv_tile(Buf<0>(), it);
+    if (it + 1 < ntiles) pv_tile(Buf<1>(), it + 1);
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue (as kernel_mma64.cuh's; the S warps put m, l and the sink values in shared memory). The
+  //      block's row and heads are recomputed here rather than kept live through the loop (registers)
+  const int row_e = (int)(blockIdx.x / head_blocks);
+  const int h0_e = (int)(blockIdx.x - row_e * head_blocks) * kM64Heads;
+  const int h_end_e = (int)min((int64_t)h0_e + kM64Heads, p.h_q);
+  const int bi_e = row_e / (int)p.s_q, si_e = row_e - bi_e * (int)p.s_q;
+  __syncthreads();   // E
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m * 16 + g + 8 * half;
+      const int h = h0_e + r;
+      if (h >= h_end_e) continue;
+      const RowFinal f = finalize_row(Mf[r], Lf[r], p.num_splits == 1 && p.attn_sink != nullptr, Sf[r]);
+      const float lse = f.lse, inv = f.inv;
+      if (p.num_splits == 1) {
+        __nv_bfloat16* o = (__nv_bfloat16*)p.out + ((int64_t)row_e * p.h_q + h) * kDim + 64 * warp + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *(__nv_bfloat162*)(o + 8 * n) =
+              __floats2bfloat162_rn(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+        if (warp == 0 && t4 == 0) p.lse[((int64_t)bi_e * p.h_q + h) * p.s_q + si_e] = lse_out(lse);
+      } else {
+        const int64_t prw = ((int64_t)blockIdx.z * p.b * p.s_q + row_e) * p.h_q + h;
+        float* o = p.o_part + prw * kDim + 64 * warp + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *(float2*)(o + 8 * n) = make_float2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+        if (warp == 0 && t4 == 0) p.lse_part[prw] = lse;
+      }
+    }
+  }
+}
+
+}  // namespace dsv4
