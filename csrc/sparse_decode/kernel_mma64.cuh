@@ -97,6 +97,61 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// ---- pieces shared by the mma64 kernel and the warp-specialised one (kernel_ws.cuh) ----------------------------
+
+// cp.async of one tile's raw rows into the staging area: 8 threads per token (gn), part gj copies 16-byte chunks
+// gj, gj + 8, ... of the 576-byte row, part 7 the 8-byte scale row, part 0 writes the valid flag. An invalid
+// slot (idx < 0) stages zeros (src size 0): no branch in the dequantisation.
+__device__ __forceinline__ void m64_stage_rows(const SparseDecodeParams& p, unsigned char* ring, int64_t t0, int raw_idx,
+                                               int gn, int gj, int64_t pos_end, int64_t main_lim, int64_t extra_lim) {
+  const int64_t pos = t0 + gn;
+  const int idx = slot_resolve(p, raw_idx, pos, pos_end, main_lim, extra_lim);
+  if (gj == 0) ((int*)(ring + kM64StageData + kM64StageScale))[gn] = idx >= 0;
+  const uint8_t* srow = (const uint8_t*)p.k_cache;
+  const uint8_t* tok = srow;
+  if (idx >= 0) tok = token_row(p, pos >= p.topk, idx, &srow);
+  const int nb = idx >= 0 ? 16 : 0;
+  unsigned char* dst = ring + gn * kRowBytes;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) cp_async16(dst + 16 * (gj + 8 * k), tok + 16 * (gj + 8 * k), nb);
+  if (gj < 4) cp_async16(dst + 16 * (32 + gj), tok + 16 * (32 + gj), nb);
+  if (gj == 7) cp_async8(ring + kM64StageData + gn * kScaleBytes, srow, nb / 2);
+}
+
+// Q A-fragments of head rows hl, hl + 8 (zero beyond h_end), dims d0 + 16 ks + 2 t4 (+8), ks < kKSteps. Even
+// strides + a 4-byte-aligned base (the usual case): each bf16 pair is one 4-byte load, which halves the load
+// instructions (64 KB of Q per 64-head block; on the b = 1 critical path).
+template <int kKSteps>
+__device__ __forceinline__ void m64_load_q(const SparseDecodeParams& p, uint32_t (&qf)[kKSteps][4], int64_t bi, int64_t si,
+                                           int hl, int h_end, int d0, int t4) {
+  const unsigned short* q = (const unsigned short*)p.q;
+  const int hh = hl + 8;
+  const int64_t qb = bi * p.q_stride_b + si * p.q_stride_s;
+  const unsigned short* ql = q + qb + (int64_t)hl * p.q_stride_h + d0 + 2 * t4;
+  const unsigned short* qh = q + qb + (int64_t)hh * p.q_stride_h + d0 + 2 * t4;
+  const bool vl = hl < h_end, vh = hh < h_end;
+  const bool pairs = ((p.q_stride_b | p.q_stride_s | p.q_stride_h) & 1) == 0 && ((uintptr_t)p.q & 3) == 0;
+  if (pairs) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int d = 16 * ks;
+      qf[ks][0] = vl ? __ldg((const unsigned int*)(ql + d)) : 0u;
+      qf[ks][1] = vh ? __ldg((const unsigned int*)(qh + d)) : 0u;
+      qf[ks][2] = vl ? __ldg((const unsigned int*)(ql + d + 8)) : 0u;
+      qf[ks][3] = vh ? __ldg((const unsigned int*)(qh + d + 8)) : 0u;
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int d = 16 * ks;
+      qf[ks][0] = vl ? (uint32_t)__ldg(ql + d) | ((uint32_t)__ldg(ql + d + 1) << 16) : 0u;
+      qf[ks][1] = vh ? (uint32_t)__ldg(qh + d) | ((uint32_t)__ldg(qh + d + 1) << 16) : 0u;
+      qf[ks][2] = vl ? (uint32_t)__ldg(ql + d + 8) | ((uint32_t)__ldg(ql + d + 9) << 16) : 0u;
+      qf[ks][3] = vh ? (uint32_t)__ldg(qh + d + 8) | ((uint32_t)__ldg(qh + d + 9) << 16) : 0u;
+    }
+  }
+}
+
 // MT: m16 tiles with real heads (4: 64 heads per block; 2 / 1: 32 / 16, impl 3 / 4). With MT < 4 the rows
 // beyond the block's heads are skipped (no S, softmax or PV on them) instead of computed as zero rows.
 // SWZ: the swizzled K/V layout (see kM64KTile).
@@ -147,24 +202,10 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   int64_t main_lim, extra_lim;
   slot_limits(p, bi, &main_lim, &extra_lim);
 
-  // ---- cp.async of one tile's raw rows into the staging area: 8 threads per token (gn), part gj copies
-  //      16-byte chunks gj, gj + 8, ... of the 576-byte row, part 7 the 8-byte scale row, part 0 writes
-  //      the valid flag. An invalid slot (idx < 0) stages zeros (src size 0): no branch in the dequantisation.
+  // ---- cp.async of one tile's raw rows into the staging area (m64_stage_rows)
   const int gn = tid >> 3, gj = tid & 7;
   auto issue = [&](int64_t t0, int raw_idx) {
-    const int64_t pos = t0 + gn;
-    const int idx = slot_resolve(p, raw_idx, pos, pos_end, main_lim, extra_lim);
-    unsigned char* sb = ring;
-    if (gj == 0) ((int*)(sb + kM64StageData + kM64StageScale))[gn] = idx >= 0;
-    const uint8_t* srow = (const uint8_t*)p.k_cache;
-    const uint8_t* tok = srow;
-    if (idx >= 0) tok = token_row(p, pos >= p.topk, idx, &srow);
-    const int nb = idx >= 0 ? 16 : 0;
-    unsigned char* dst = sb + gn * kRowBytes;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) cp_async16(dst + 16 * (gj + 8 * k), tok + 16 * (gj + 8 * k), nb);
-    if (gj < 4) cp_async16(dst + 16 * (32 + gj), tok + 16 * (32 + gj), nb);
-    if (gj == 7) cp_async8(sb + kM64StageData + gn * kScaleBytes, srow, nb / 2);
+    m64_stage_rows(p, ring, t0, raw_idx, gn, gj, pos_end, main_lim, extra_lim);
   };
   if (ntiles > 0) issue(pos_begin, slot_load(p, bi, si, pos_begin + gn, pos_end));
   cp_async_commit();
@@ -212,36 +253,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 
   // ---- Q A-fragments (registers for the whole block): heads h0 + 16mq + g (+8), dims kDims kq + 16ks + 2t4 (+8)
   uint32_t qf[kKSteps][4];
-  {
-    const unsigned short* q = (const unsigned short*)p.q;
-    const int hl = h0 + mq * 16 + g, hh = hl + 8;
-    const int64_t qb = bi * p.q_stride_b + si * p.q_stride_s;
-    const unsigned short* ql = q + qb + (int64_t)hl * p.q_stride_h + kDims * kq + 2 * t4;
-    const unsigned short* qh = q + qb + (int64_t)hh * p.q_stride_h + kDims * kq + 2 * t4;
-    const bool vl = hl < h_end, vh = hh < h_end;
-    // even strides + 4-byte-aligned base (the usual case): each bf16 pair is one 4-byte load, which
-    // halves the load instructions of this prologue (64 KB of Q per block; on the b = 1 critical path)
-    const bool pairs = ((p.q_stride_b | p.q_stride_s | p.q_stride_h) & 1) == 0 && ((uintptr_t)p.q & 3) == 0;
-    if (pairs) {
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        const int d = 16 * ks;
-        qf[ks][0] = vl ? __ldg((const unsigned int*)(ql + d)) : 0u;
-        qf[ks][1] = vh ? __ldg((const unsigned int*)(qh + d)) : 0u;
-        qf[ks][2] = vl ? __ldg((const unsigned int*)(ql + d + 8)) : 0u;
-        qf[ks][3] = vh ? __ldg((const unsigned int*)(qh + d + 8)) : 0u;
-      }
-    } else {
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        const int d = 16 * ks;
-        qf[ks][0] = vl ? (uint32_t)__ldg(ql + d) | ((uint32_t)__ldg(ql + d + 1) << 16) : 0u;
-        qf[ks][1] = vh ? (uint32_t)__ldg(qh + d) | ((uint32_t)__ldg(qh + d + 1) << 16) : 0u;
-        qf[ks][2] = vl ? (uint32_t)__ldg(ql + d + 8) | ((uint32_t)__ldg(ql + d + 9) << 16) : 0u;
-        qf[ks][3] = vh ? (uint32_t)__ldg(qh + d + 8) | ((uint32_t)__ldg(qh + d + 9) << 16) : 0u;
-      }
-    }
-  }
+  m64_load_q<kKSteps>(p, qf, bi, si, h0 + mq * 16 + g, h_end, kDims * kq, t4);
 
   const float scale2 = (float)(p.softmax_scale * 1.4426950408889634);
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;   // warps kq = 0: rows g, g + 8 of mq

@@ -97,30 +97,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsSRegs));
     const int mq = warp - kWsPvWarps;
     uint32_t qf[kDim / 16][4];   // A-fragments: heads h0 + 16 mq + g (+8), dims 16 ks + 2 t4 (+8)
-    {
-      const unsigned short* q = (const unsigned short*)p.q;
-      const int hl = h0 + mq * 16 + g, hh = hl + 8;
-      const int64_t qb = bi * p.q_stride_b + si * p.q_stride_s;
-      const unsigned short* ql = q + qb + (int64_t)hl * p.q_stride_h + 2 * t4;
-      const unsigned short* qh = q + qb + (int64_t)hh * p.q_stride_h + 2 * t4;
-      const bool vl = hl < h_end, vh = hh < h_end;
-      const bool pairs = ((p.q_stride_b | p.q_stride_s | p.q_stride_h) & 1) == 0 && ((uintptr_t)p.q & 3) == 0;
-#pragma unroll
-      for (int ks = 0; ks < kDim / 16; ++ks) {
-        const int d = 16 * ks;
-        if (pairs) {
-          qf[ks][0] = vl ? __ldg((const unsigned int*)(ql + d)) : 0u;
-          qf[ks][1] = vh ? __ldg((const unsigned int*)(qh + d)) : 0u;
-          qf[ks][2] = vl ? __ldg((const unsigned int*)(ql + d + 8)) : 0u;
-          qf[ks][3] = vh ? __ldg((const unsigned int*)(qh + d + 8)) : 0u;
-        } else {
-          qf[ks][0] = vl ? (uint32_t)__ldg(ql + d) | ((uint32_t)__ldg(ql + d + 1) << 16) : 0u;
-          qf[ks][1] = vh ? (uint32_t)__ldg(qh + d) | ((uint32_t)__ldg(qh + d + 1) << 16) : 0u;
-          qf[ks][2] = vl ? (uint32_t)__ldg(ql + d + 8) | ((uint32_t)__ldg(ql + d + 9) << 16) : 0u;
-          qf[ks][3] = vh ? (uint32_t)__ldg(qh + d + 8) | ((uint32_t)__ldg(qh + d + 9) << 16) : 0u;
-        }
-      }
-    }
+    m64_load_q<kDim / 16>(p, qf, bi, si, h0 + mq * 16 + g, h_end, 0, t4);
     // the sink values of the PV warps' epilogue, loaded here while the first tile is staged: as registers
     // live through the PV warps' loop they made ptxas spill (run 50)
     if (t4 == 1) {
@@ -205,23 +182,10 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsPvRegs));
   int64_t main_lim, extra_lim;
   slot_limits(p, bi, &main_lim, &extra_lim);
-  // cp.async of one tile's raw rows into the staging area: 8 threads per token (gn), part gj copies 16-byte
-  // chunks gj, gj + 8, ... of the 576-byte row, part 7 the 8-byte scale row, part 0 writes the valid flag;
-  // an invalid slot stages zeros (src size 0)
+  // cp.async of one tile's raw rows into the staging area (kernel_mma64.cuh's m64_stage_rows)
   const int gn = tid >> 3, gj = tid & 7;
   auto issue = [&](int64_t t0, int raw_idx) {
-    const int64_t pos = t0 + gn;
-    const int idx = slot_resolve(p, raw_idx, pos, pos_end, main_lim, extra_lim);
-    if (gj == 0) ((int*)(ring + kM64StageData + kM64StageScale))[gn] = idx >= 0;
-    const uint8_t* srow = (const uint8_t*)p.k_cache;
-    const uint8_t* tok = srow;
-    if (idx >= 0) tok = token_row(p, pos >= p.topk, idx, &srow);
-    const int nb = idx >= 0 ? 16 : 0;
-    unsigned char* dst = ring + gn * kRowBytes;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) cp_async16(dst + 16 * (gj + 8 * k), tok + 16 * (gj + 8 * k), nb);
-    if (gj < 4) cp_async16(dst + 16 * (32 + gj), tok + 16 * (32 + gj), nb);
-    if (gj == 7) cp_async8(ring + kM64StageData + gn * kScaleBytes, srow, nb / 2);
+    m64_stage_rows(p, ring, t0, raw_idx, gn, gj, pos_end, main_lim, extra_lim);
   };
   // chunk c = warp (0..6 fp8 NoPE, 7 RoPE copy) of every token (lane = token) from the staging rows into K/V
   // buffer buf, exact; rotated 16-byte order (conflict-free staging reads). Chunk 0 also copies the flags.
