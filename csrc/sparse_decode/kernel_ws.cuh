@@ -19,7 +19,7 @@
 //   issuing mma.sync. 384 threads get 168 registers each; setmaxnreg (sm_90a and sm_120a) then moves
 //   registers from the PV warps (kWsPvRegs = 160) to the S warps (kWsSRegs = 184): with 168 the S loop had
 //   no register to load K fragments ahead and ran 1.24x slower at b = 128 (H100 run 50).
-// Not SM80 ISA: setmaxnreg (sm_90a / sm_120a targets only; both builds of this library are "a" targets).
+// Not SM80 ISA: setmaxnreg (arch-specific targets only: ws_setmaxnreg).
 // Hand-offs (named barriers, count 384 = producers' bar.arrive + consumers' bar.sync):
 //   kWsBarKReady + j: PV warps -> S warps, K/V buffer j holds its next tile (and its valid flags)
 //   kWsBarPReady + j: S warps -> PV warps, P / alpha buffer j hold the tile of buffer j
@@ -55,6 +55,18 @@ static_assert(kWsSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per 
 static_assert(kWsPvThreads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
 static_assert(kWsSWarps * 16 == kM64Heads && kWsPvWarps * 64 == kDim, "warp roles cover the block");
 
+// setmaxnreg exists for the arch-specific ("a") targets only (sm_90a, sm_100a, sm_120a, ...; both builds of this
+// library are such targets). Built for another arch the kernel keeps 168 registers in every warp: the same
+// results, with the slower S loop of run 50's first call.
+template <int kRegs, bool kInc>
+__device__ __forceinline__ void ws_setmaxnreg() {
+#if defined(__CUDA_ARCH_SPECIFIC__)
+  if constexpr (kInc)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+  else
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -94,7 +106,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 
   if (warp >= kWsPvWarps) {
     // ================= S warps: S = Q K^T and the online softmax of heads 16 mq .. 16 mq + 15 =================
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsSRegs));
+    ws_setmaxnreg<kWsSRegs, true>();
     const int mq = warp - kWsPvWarps;
     uint32_t qf[kDim / 16][4];   // A-fragments: heads h0 + 16 mq + g (+8), dims 16 ks + 2 t4 (+8)
     m64_load_q<kDim / 16>(p, qf, bi, si, h0 + mq * 16 + g, h_end, 0, t4);
@@ -179,7 +191,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   }
 
   // ================= PV warps: gather, dequantisation, O = O * alpha + P V, epilogue =================
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsPvRegs));
+  ws_setmaxnreg<kWsPvRegs, false>();
   int64_t main_lim, extra_lim;
   slot_limits(p, bi, &main_lim, &extra_lim);
   // cp.async of one tile's raw rows into the staging area (kernel_mma64.cuh's m64_stage_rows)
