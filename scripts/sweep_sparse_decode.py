@@ -68,9 +68,14 @@ def main():
     ap.add_argument("--rows-footprint-mb", type=float, default=160,
                     help="inputs as in bench_sparse_decode.py (default: KV rows from HBM, q and indices hot); "
                          "0: the four L2-warm sets of the sweeps before 2026-11-25")
+    ap.add_argument("--ws64", action="store_true",
+                    help="time the 64-head points on the warp-specialised kernel (mma64ws, run 50) instead of the "
+                         "8-warp one, as auto runs them from 4 tiles per block")
     ap.add_argument("--max-blocks-per-sm", type=int, default=3,
                     help="skip points whose grid has more than this many blocks per SM")
     args = ap.parse_args()
+    if args.ws64:
+        HPB_IMPL[64] = "mma64ws"
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda", 0)
     num_sms = sd._sm_count(dev)
