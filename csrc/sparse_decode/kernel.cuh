@@ -111,6 +111,23 @@ __device__ __forceinline__ const uint8_t* resolve_slot(const SparseDecodeParams&
   return idx < 0 ? nullptr : token_row(p, pos >= p.topk, idx, scale_row);
 }
 
+// Q tile of kHeads head rows from h0 -> shared memory Qs (rows of kQPitch; heads beyond h_q are zero rows;
+// scalar loads: any even / odd stride works), and the running max / sum / rescale factor of each row initialised
+// (Ms, Ls, As) — the start of the SIMT and the 32-head mma kernels.
+template <int kHeads, int kThreads>
+__device__ __forceinline__ void load_q_tile(const SparseDecodeParams& p, __nv_bfloat16* Qs, float* Ms, float* Ls,
+                                            float* As, int64_t bi, int64_t si, int h0, int tid) {
+  const __nv_bfloat16* q = (const __nv_bfloat16*)p.q;
+  for (int i = tid; i < kHeads * kDim; i += kThreads) {
+    int r = i / kDim, d = i - r * kDim;
+    int h = h0 + r;
+    __nv_bfloat16 v = __float2bfloat16(0.f);
+    if (h < p.h_q) v = q[bi * p.q_stride_b + si * p.q_stride_s + (int64_t)h * p.q_stride_h + d];
+    Qs[r * kQPitch + d] = v;
+  }
+  if (tid < kHeads) { Ms[tid] = -INFINITY; Ls[tid] = 0.f; As[tid] = 1.f; }
+}
+
 // ---- final per-head-row arithmetic, shared by all kernels and the combine -------------------------
 // attn_sink enters the denominator only: out = O / (l + exp(sink)) = (O / l) * sink_factor(sink, lse).
 __device__ __forceinline__ float sink_factor(float sink, float lse) { return 1.f / (1.f + expf(sink - lse)); }
@@ -154,16 +171,7 @@ sparse_decode_kernel(const SparseDecodeParams p) {
   int64_t main_lim, extra_lim;
   slot_limits(p, bi, &main_lim, &extra_lim);
 
-  // Q tile -> smem (heads beyond h_q are zero rows; scalar loads: any even/odd stride works).
-  const __nv_bfloat16* q = (const __nv_bfloat16*)p.q;
-  for (int i = tid; i < kHeadTile * kDim; i += kThreads) {
-    int r = i / kDim, d = i - r * kDim;
-    int h = h0 + r;
-    __nv_bfloat16 v = __float2bfloat16(0.f);
-    if (h < p.h_q) v = q[bi * p.q_stride_b + si * p.q_stride_s + (int64_t)h * p.q_stride_h + d];
-    Qs[r * kQPitch + d] = v;
-  }
-  if (tid < kHeadTile) { Ms[tid] = -INFINITY; Ls[tid] = 0.f; As[tid] = 1.f; }
+  load_q_tile<kHeadTile, kThreads>(p, Qs, Ms, Ls, As, bi, si, h0, tid);
 
   const float scale2 = (float)(p.softmax_scale * 1.4426950408889634);
   // PV ownership: head pr, dims pc*2 + 32*j (+0,+1), j < 16

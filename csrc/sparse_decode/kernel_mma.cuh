@@ -57,15 +57,7 @@ sparse_decode_mma_kernel(const SparseDecodeParams p) {
   int64_t main_lim, extra_lim;
   slot_limits(p, bi, &main_lim, &extra_lim);
 
-  const __nv_bfloat16* q = (const __nv_bfloat16*)p.q;
-  for (int i = tid; i < kMmaHeads * kDim; i += kMmaThreads) {
-    int r = i / kDim, d = i - r * kDim;
-    int h = h0 + r;
-    __nv_bfloat16 v = __float2bfloat16(0.f);
-    if (h < p.h_q) v = q[bi * p.q_stride_b + si * p.q_stride_s + (int64_t)h * p.q_stride_h + d];
-    Qs[r * kQPitch + d] = v;
-  }
-  if (tid < kMmaHeads) { Ms[tid] = -INFINITY; Ls[tid] = 0.f; As[tid] = 1.f; }
+  load_q_tile<kMmaHeads, kMmaThreads>(p, Qs, Ms, Ls, As, bi, si, h0, tid);
 
   const float scale2 = (float)(p.softmax_scale * 1.4426950408889634);
   float acc[16][4];

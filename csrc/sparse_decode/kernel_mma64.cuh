@@ -155,6 +155,113 @@ __device__ __forceinline__ void m64_load_q(const SparseDecodeParams& p, uint32_t
 // MT: m16 tiles with real heads (4: 64 heads per block; 2 / 1: 32 / 16, impl 3 / 4). With MT < 4 the rows
 // beyond the block's heads are skipped (no S, softmax or PV on them) instead of computed as zero rows.
 // SWZ: the swizzled K/V layout (see kM64KTile).
+// Online softmax of one m16 tile of head rows over one 32-token tile (fp32, base 2), shared by the 64-head kernels:
+// sacc = the tile's S fragment (rows g, g + 8; tokens 8 j + 2 t4 (+1)), complete over the dims; slots whose flag in
+// vf is 0 are masked; updates the running max m (scaled) and this thread's part of the sum l (reduced over t4 at
+// the end), writes P as bf16 into rows r, r + 8 of the P tile Pt (columns 2 t4 (+1) + 8 j) and, from t4 = 0, the
+// factors that rescale those rows of O to alpha[r], alpha[r + 8]. l sums the fp32 P, P V uses the bf16 P.
+__device__ __forceinline__ void m64_softmax_tile(float (&sacc)[4][4], const int* vf, float scale2, float& m_lo,
+                                                 float& m_hi, float& l_lo, float& l_hi, __nv_bfloat16* Pt,
+                                                 float* alpha, int r, int t4) {
+  float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const bool v0 = vf[8 * j + 2 * t4] != 0, v1 = vf[8 * j + 2 * t4 + 1] != 0;
+    sacc[j][0] = v0 ? sacc[j][0] * scale2 : -INFINITY;
+    sacc[j][1] = v1 ? sacc[j][1] * scale2 : -INFINITY;
+    sacc[j][2] = v0 ? sacc[j][2] * scale2 : -INFINITY;
+    sacc[j][3] = v1 ? sacc[j][3] * scale2 : -INFINITY;
+    mx_lo = fmaxf(mx_lo, fmaxf(sacc[j][0], sacc[j][1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(sacc[j][2], sacc[j][3]));
+  }
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+  const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+  const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
+  const float al_lo = fast_exp2(m_lo - mu_lo), al_hi = fast_exp2(m_hi - mu_hi);
+  m_lo = mn_lo; m_hi = mn_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+  __nv_bfloat16* pr = Pt + r * kPPitch + 2 * t4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float e0 = fast_exp2(sacc[j][0] - mu_lo), e1 = fast_exp2(sacc[j][1] - mu_lo);
+    const float e2 = fast_exp2(sacc[j][2] - mu_hi), e3 = fast_exp2(sacc[j][3] - mu_hi);
+    sum_lo += e0 + e1;
+    sum_hi += e2 + e3;
+    *(__nv_bfloat162*)(pr + 8 * j) = __floats2bfloat162_rn(e0, e1);
+    *(__nv_bfloat162*)(pr + 8 * kPPitch + 8 * j) = __floats2bfloat162_rn(e2, e3);
+  }
+  l_lo = l_lo * al_lo + sum_lo;
+  l_hi = l_hi * al_hi + sum_hi;
+  if (t4 == 0) { alpha[r] = al_lo; alpha[r + 8] = al_hi; }
+}
+
+// End of the softmax of rows r, r + 8: l summed over the 4 lanes of a row (t4), final m and l -> Mf, Lf
+__device__ __forceinline__ void m64_store_ml(float m_lo, float m_hi, float l_lo, float l_hi, float* Mf, float* Lf,
+                                             int r, int t4) {
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  if (t4 == 0) {
+    Mf[r] = m_lo; Lf[r] = l_lo;
+    Mf[r + 8] = m_hi; Lf[r + 8] = l_hi;
+  }
+}
+
+// O *= alpha per head row before a tile's P V (rows 16 m + g, 16 m + g + 8 of the block's MT m16 tiles)
+template <int MT>
+__device__ __forceinline__ void m64_rescale_o(float (&acc)[4][8][4], const float* alpha, int g) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    const float a_lo = alpha[m * 16 + g], a_hi = alpha[m * 16 + g + 8];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      acc[m][n][0] *= a_lo; acc[m][n][1] *= a_lo; acc[m][n][2] *= a_hi; acc[m][n][3] *= a_hi;
+    }
+  }
+}
+
+// Epilogue of the 64-head kernels: the block's O[MT m16 tiles of heads (of acc's 4), dims 64 warp .. 64 warp + 63]
+// (mma.sync accumulator layout) normalised by the final m, l of each head row (Mf, Lf in shared memory), stored as
+// the bf16 output + lse (no split) or as the fp32 partial + lse of this split. sink_of(m, half, r): the attn_sink
+// value of head row r = 16 m + g + 8 half (only read without split): the 8-warp kernel keeps it in registers, the
+// warp-specialised one in shared memory.
+template <int MT, class SinkOf>
+__device__ __forceinline__ void m64_store_rows(const SparseDecodeParams& p, const float (&acc)[4][8][4],
+                                               const float* Mf, const float* Lf, SinkOf sink_of, int64_t row,
+                                               int64_t bi, int64_t si, int split, int h0, int h_end, int warp, int g,
+                                               int t4) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m * 16 + g + 8 * half;
+      const int h = h0 + r;
+      if (h >= h_end) continue;
+      const RowFinal f = finalize_row(Mf[r], Lf[r], p.num_splits == 1 && p.attn_sink != nullptr, sink_of(m, half, r));
+      const float lse = f.lse, inv = f.inv;
+      if (p.num_splits == 1) {
+        __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + 64 * warp + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *(__nv_bfloat162*)(o + 8 * n) =
+              __floats2bfloat162_rn(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+        if (warp == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
+      } else {
+        const int64_t prw = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
+        float* o = p.o_part + prw * kDim + 64 * warp + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *(float2*)(o + 8 * n) = make_float2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+        if (warp == 0 && t4 == 0) p.lse_part[prw] = lse;
+      }
+    }
+  }
+}
+
 template <int MT, bool SWZ>
 __global__ void __launch_bounds__(kM64Threads, 1)
 sparse_decode_mma64_kernel(const SparseDecodeParams p) {
@@ -339,39 +446,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
           sacc[j][0] += lo.x; sacc[j][1] += lo.y; sacc[j][2] += hi.x; sacc[j][3] += hi.y;
         }
       }
-      float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool v0 = vf[8 * j + 2 * t4] != 0, v1 = vf[8 * j + 2 * t4 + 1] != 0;
-        sacc[j][0] = v0 ? sacc[j][0] * scale2 : -INFINITY;
-        sacc[j][1] = v1 ? sacc[j][1] * scale2 : -INFINITY;
-        sacc[j][2] = v0 ? sacc[j][2] * scale2 : -INFINITY;
-        sacc[j][3] = v1 ? sacc[j][3] * scale2 : -INFINITY;
-        mx_lo = fmaxf(mx_lo, fmaxf(sacc[j][0], sacc[j][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(sacc[j][2], sacc[j][3]));
-      }
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-      const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-      const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-      const float al_lo = fast_exp2(m_lo - mu_lo), al_hi = fast_exp2(m_hi - mu_hi);
-      m_lo = mn_lo; m_hi = mn_hi;
-      float sum_lo = 0.f, sum_hi = 0.f;
-      __nv_bfloat16* pr = Ps + (mq * 16 + g) * kPPitch + 2 * t4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float e0 = fast_exp2(sacc[j][0] - mu_lo), e1 = fast_exp2(sacc[j][1] - mu_lo);
-        const float e2 = fast_exp2(sacc[j][2] - mu_hi), e3 = fast_exp2(sacc[j][3] - mu_hi);
-        sum_lo += e0 + e1;
-        sum_hi += e2 + e3;
-        *(__nv_bfloat162*)(pr + 8 * j) = __floats2bfloat162_rn(e0, e1);
-        *(__nv_bfloat162*)(pr + 8 * kPPitch + 8 * j) = __floats2bfloat162_rn(e2, e3);
-      }
-      l_lo = l_lo * al_lo + sum_lo;
-      l_hi = l_hi * al_hi + sum_hi;
-      if (t4 == 0) { As[mq * 16 + g] = al_lo; As[mq * 16 + g + 8] = al_hi; }
+      m64_softmax_tile(sacc, vf, scale2, m_lo, m_hi, l_lo, l_hi, Ps, As, mq * 16 + g, t4);
     }
     cp_async_wait<0>();   // this thread's copies of tile it+1 have landed
     __syncthreads();      // B: P, alpha ready; staging rows of tile it+1 visible
@@ -380,14 +455,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     //      chunk `warp` of tile it+1 from the staging rows into buffer buf^1: its conversions and
     //      shared-memory traffic fill the issue slots between the mma.sync (one piece per V fragment)
     auto pv = [&](auto&& hook) {
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        const float a_lo = As[m * 16 + g], a_hi = As[m * 16 + g + 8];
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          acc[m][n][0] *= a_lo; acc[m][n][1] *= a_lo; acc[m][n][2] *= a_hi; acc[m][n][3] *= a_hi;
-        }
-      }
+      m64_rescale_o<MT>(acc, As, g);
 #pragma unroll
       for (int kk = 0; kk < kM64Tok; kk += 16) {
         uint32_t pa[4][4];
@@ -438,42 +506,11 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       sink[m][half] = (p.num_splits == 1 && p.attn_sink != nullptr && h < h_end) ? p.attn_sink[h] : 0.f;
     }
   if (kq == 0) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-    if (t4 == 0) {
-      Mf[mq * 16 + g] = m_lo; Lf[mq * 16 + g] = l_lo;
-      Mf[mq * 16 + g + 8] = m_hi; Lf[mq * 16 + g + 8] = l_hi;
-    }
+    m64_store_ml(m_lo, m_hi, l_lo, l_hi, Mf, Lf, mq * 16 + g, t4);
   }
   __syncthreads();
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = m * 16 + g + 8 * half;
-      const int h = h0 + r;
-      if (h >= h_end) continue;
-      const RowFinal f = finalize_row(Mf[r], Lf[r], p.num_splits == 1 && p.attn_sink != nullptr, sink[m][half]);
-      const float lse = f.lse, inv = f.inv;
-      if (p.num_splits == 1) {
-        __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + 64 * warp + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          *(__nv_bfloat162*)(o + 8 * n) =
-              __floats2bfloat162_rn(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
-        if (warp == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
-      } else {
-        const int64_t prw = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
-        float* o = p.o_part + prw * kDim + 64 * warp + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          *(float2*)(o + 8 * n) = make_float2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
-        if (warp == 0 && t4 == 0) p.lse_part[prw] = lse;
-      }
-    }
-  }
+  m64_store_rows<MT>(p, acc, Mf, Lf, [&](int m, int half, int) { return sink[m][half]; }, row, bi, si, split, h0,
+                     h_end, warp, g, t4);
 }
 
 }  // namespace dsv4

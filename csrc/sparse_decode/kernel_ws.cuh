@@ -140,52 +140,11 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
           mma_bf16_16816(sacc[j], qf[ks + 1], b + 2);
         }
       }
-      float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool v0 = vf[8 * j + 2 * t4] != 0, v1 = vf[8 * j + 2 * t4 + 1] != 0;
-        sacc[j][0] = v0 ? sacc[j][0] * scale2 : -INFINITY;
-        sacc[j][1] = v1 ? sacc[j][1] * scale2 : -INFINITY;
-        sacc[j][2] = v0 ? sacc[j][2] * scale2 : -INFINITY;
-        sacc[j][3] = v1 ? sacc[j][3] * scale2 : -INFINITY;
-        mx_lo = fmaxf(mx_lo, fmaxf(sacc[j][0], sacc[j][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(sacc[j][2], sacc[j][3]));
-      }
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-      const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-      const float mu_lo = mn_lo == -INFINITY ? 0.f : mn_lo, mu_hi = mn_hi == -INFINITY ? 0.f : mn_hi;
-      const float al_lo = fast_exp2(m_lo - mu_lo), al_hi = fast_exp2(m_hi - mu_hi);
-      m_lo = mn_lo; m_hi = mn_hi;
-      float sum_lo = 0.f, sum_hi = 0.f;
-      __nv_bfloat16* pr = Pb + buf * kTileP + (mq * 16 + g) * kPPitch + 2 * t4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float e0 = fast_exp2(sacc[j][0] - mu_lo), e1 = fast_exp2(sacc[j][1] - mu_lo);
-        const float e2 = fast_exp2(sacc[j][2] - mu_hi), e3 = fast_exp2(sacc[j][3] - mu_hi);
-        sum_lo += e0 + e1;
-        sum_hi += e2 + e3;
-        *(__nv_bfloat162*)(pr + 8 * j) = __floats2bfloat162_rn(e0, e1);
-        *(__nv_bfloat162*)(pr + 8 * kPPitch + 8 * j) = __floats2bfloat162_rn(e2, e3);
-      }
-      l_lo = l_lo * al_lo + sum_lo;
-      l_hi = l_hi * al_hi + sum_hi;
-      if (t4 == 0) {
-        Ab[buf * kM64Heads + mq * 16 + g] = al_lo;
-        Ab[buf * kM64Heads + mq * 16 + g + 8] = al_hi;
-      }
+      m64_softmax_tile(sacc, vf, scale2, m_lo, m_hi, l_lo, l_hi, Pb + buf * kTileP, Ab + buf * kM64Heads, mq * 16 + g,
+                       t4);
       named_bar_arrive(kWsBarPReady + buf, kWsThreads);   // P, alpha of tile it in buffer buf
     }
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-    if (t4 == 0) {
-      Mf[mq * 16 + g] = m_lo; Lf[mq * 16 + g] = l_lo;
-      Mf[mq * 16 + g + 8] = m_hi; Lf[mq * 16 + g + 8] = l_hi;
-    }
+    m64_store_ml(m_lo, m_hi, l_lo, l_hi, Mf, Lf, mq * 16 + g, t4);
     __syncthreads();   // E: final m, l (and the sink values) visible to the PV warps, which store the output
     return;
   }
@@ -273,14 +232,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     named_bar_sync(kWsBarPReady + buf, kWsThreads);   // P, alpha of tile it
     const __nv_bfloat16* Ks = Kb + buf * kTileKV;
     const __nv_bfloat16* Ps = Pb + buf * kTileP;
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const float a_lo = Ab[buf * kM64Heads + m * 16 + g], a_hi = Ab[buf * kM64Heads + m * 16 + g + 8];
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        acc[m][n][0] *= a_lo; acc[m][n][1] *= a_lo; acc[m][n][2] *= a_hi; acc[m][n][3] *= a_hi;
-      }
-    }
+    m64_rescale_o<4>(acc, Ab + buf * kM64Heads, g);
 #pragma unroll
     for (int kk = 0; kk < kM64Tok; kk += 16) {
       uint32_t pa[4][4];
@@ -304,32 +256,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 
   // ---- epilogue (as kernel_mma64.cuh's; m, l and the sink values from the S warps)
   __syncthreads();   // E
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = m * 16 + g + 8 * half;
-      const int h = h0 + r;
-      if (h >= h_end) continue;
-      const RowFinal f = finalize_row(Mf[r], Lf[r], p.num_splits == 1 && p.attn_sink != nullptr, Sf[r]);
-      const float lse = f.lse, inv = f.inv;
-      if (p.num_splits == 1) {
-        __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + 64 * warp + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          *(__nv_bfloat162*)(o + 8 * n) =
-              __floats2bfloat162_rn(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
-        if (warp == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
-      } else {
-        const int64_t prw = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
-        float* o = p.o_part + prw * kDim + 64 * warp + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          *(float2*)(o + 8 * n) = make_float2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
-        if (warp == 0 && t4 == 0) p.lse_part[prw] = lse;
-      }
-    }
-  }
+  m64_store_rows<4>(p, acc, Mf, Lf, [&](int, int, int r) { return Sf[r]; }, row, bi, si, split, h0, h_end, warp, g, t4);
 }
 
 }  // namespace dsv4
