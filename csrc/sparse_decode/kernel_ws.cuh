@@ -254,7 +254,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   }
   cp_async_wait<0>();
 
-  // ---- epilogue (as kernel_mma64.cuh's; m, l and the sink values from the S warps)
+  // ---- epilogue (m64_store_rows, as the 8-warp kernel's; m, l and the sink values from the S warps)
   __syncthreads();   // E
   m64_store_rows<4>(p, acc, Mf, Lf, [&](int, int, int r) { return Sf[r]; }, row, bi, si, split, h0, h_end, warp, g, t4);
 }
