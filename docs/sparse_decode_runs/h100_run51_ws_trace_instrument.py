@@ -26,6 +26,8 @@ s = re.sub(r'(\n      const int buf = \(int\)\(it & 1\);\n|\n      const int buf
 # end of the S mma loop: the line before the exchange (pair) or before "float mx_lo" (base)
 if 'named_bar_sync(kWsBarXch + pr, 64);' in s:
     rep('      named_bar_sync(kWsBarXch + pr, 64);', '      c2 = clock64();\n      named_bar_sync(kWsBarXch + pr, 64);')
+elif '      m64_softmax_tile(sacc, ' in s:   # the softmax as a shared function (1bc2448 and later)
+    rep('      m64_softmax_tile(sacc, ', '      c2 = clock64();\n      m64_softmax_tile(sacc, ')
 else:
     rep('      float mx_lo = -INFINITY, mx_hi = -INFINITY;\n', '      c2 = clock64();\n      float mx_lo = -INFINITY, mx_hi = -INFINITY;\n')
 rep('''      named_bar_arrive(kWsBarPReady + buf, kWsThreads);   // P, alpha of tile it in buffer buf
