@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from deepseek_v4_kernel.errors import UnsupportedCase
+from deepseek_v4_kernel.ops._workspace import stream_key
 from deepseek_v4_kernel.reference.hc_prenorm import hc_prenorm_gemm_ref, split_bounds
 from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
@@ -842,7 +843,7 @@ def test_gpu_mma_rows_auto_and_refusals(monkeypatch):
 def _xchg_state(stream=None):
     """(epochs [64], tickets [64]) of the exchange buffer of cuda:0's current (or the given) stream."""
     with torch.cuda.stream(stream or torch.cuda.current_stream()):
-        buf = hp._XCHG[hp._stream_key(torch.device("cuda", 0))]
+        buf = hp._XCHG[stream_key(torch.device("cuda", 0))]
     h = buf.view(torch.int32)[:128].cpu().long()
     return h[:64], h[64:]
 

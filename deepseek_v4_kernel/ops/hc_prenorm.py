@@ -75,7 +75,6 @@ import triton.language as tl
 from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
 from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count
 from deepseek_v4_kernel.ops._workspace import scratch as _scratch
-from deepseek_v4_kernel.ops._workspace import stream_key as _stream_key  # noqa: F401 (the tests key buffers by it)
 from deepseek_v4_kernel.ops._workspace import zeroed as _zeroed
 
 OP = "hc_prenorm"
