@@ -211,6 +211,31 @@ __device__ __forceinline__ void m64_store_ml(float m_lo, float m_hi, float l_lo,
   }
 }
 
+// The same for the warp-specialised kernel, and without split lane t4 = 0 then also turns the row's final m, l (and
+// its sink value in Sf) into its lse and output factor -> Lse, Inv. Why: the S warps are done a tile before the P V
+// warps, whose unsplit epilogue then reads two floats per row instead of running a MUFU / division chain per row,
+// which (with the stores' half sectors, m64_store_rows) kept its rows going out one after the other (H100 run 52).
+// The split epilogue, whose fp32 partials take as long however the factors arrive, computes them from Mf, Lf as
+// before (from Lse, Inv it was ~1 us slower at b = 32, run 52). The reduction and the Mf, Lf stores repeat
+// m64_store_ml's: calling it instead reordered this kernel's sm_90a code (~7000 SASS lines differ from the timed build).
+__device__ __forceinline__ void m64_store_final(float m_lo, float m_hi, float l_lo, float l_hi, const float* Sf,
+                                                bool unsplit, bool with_sink, float* Mf, float* Lf, float* Lse,
+                                                float* Inv, int r, int t4) {
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  if (t4 == 0) {
+    Mf[r] = m_lo; Lf[r] = l_lo;
+    Mf[r + 8] = m_hi; Lf[r + 8] = l_hi;
+    if (unsplit) {
+      const RowFinal lo = finalize_row(m_lo, l_lo, with_sink, Sf[r]), hi = finalize_row(m_hi, l_hi, with_sink, Sf[r + 8]);
+      Lse[r] = lo.lse; Inv[r] = lo.inv;
+      Lse[r + 8] = hi.lse; Inv[r + 8] = hi.inv;
+    }
+  }
+}
+
 // O *= alpha per head row before a tile's P V (rows 16 m + g, 16 m + g + 8 of the block's MT m16 tiles)
 template <int MT>
 __device__ __forceinline__ void m64_rescale_o(float (&acc)[4][8][4], const float* alpha, int g) {
@@ -225,15 +250,26 @@ __device__ __forceinline__ void m64_rescale_o(float (&acc)[4][8][4], const float
 }
 
 // Epilogue of the 64-head kernels: the block's O[MT m16 tiles of heads (of acc's 4), dims 64 warp .. 64 warp + 63]
-// (mma.sync accumulator layout) normalised by the final m, l of each head row (Mf, Lf in shared memory), stored as
-// the bf16 output + lse (no split) or as the fp32 partial + lse of this split. sink_of(m, half, r): the attn_sink
-// value of head row r = 16 m + g + 8 half (only read without split): the 8-warp kernel keeps it in registers, the
-// warp-specialised one in shared memory.
-template <int MT, class SinkOf>
+// (mma.sync accumulator layout) times the final factor of each head row, stored as the bf16 output + lse (no split)
+// or as the fp32 partial + lse of this split. final_of(m, half, r): RowFinal (lse, factor) of head row r = 16 m + g +
+// 8 half: the 8-warp kernel computes it here from the final m, l in shared memory (Mf, Lf) and the sink values in
+// registers; the warp-specialised one reads, unsplit, what its S warps computed (m64_store_final).
+// kStaged (the warp-specialised kernel): the bf16 rows go out through shared memory as whole 128-byte rows. In the
+// accumulator layout lane t4 holds 4 bytes of each 16-byte run (dims 8 n + 2 t4, + 1), so a direct warp store
+// writes 8 half sectors. Each warp writes its rows into its own 8 KB of `scratch` (row r = 128 bytes, 16-byte piece n
+// at n ^ (r & 7): conflict-free both ways) and stores 4 whole rows per warp store; no block barrier. `scratch`:
+// 8 x 8 KB of shared memory nothing uses any more (staging area + K/V buffers after the last tile). H100 run 52, b =
+// 128: the unsplit epilogue took ~4.7 us, staged alone as long, with the factors from the S warps alone as long,
+// both together ~3.2 us (1.5-3 % of the call at extra 512). The 8-warp kernels keep the direct stores (staged, the
+// 64-head one spilled 40 B on sm_120a; the others were not faster). The fp32 partials' 8-byte stores fill whole
+// sectors already.
+constexpr int kM64WarpScratch = kM64Heads * 128;   // bytes of `scratch` per warp: 64 rows x 64 bf16
+static_assert(8 * kM64WarpScratch <= kM64SmemRing + kM64SmemK, "the epilogue's scratch: staging area + K/V buffers");
+template <int MT, bool kStaged, class FinalOf>
 __device__ __forceinline__ void m64_store_rows(const SparseDecodeParams& p, const float (&acc)[4][8][4],
-                                               const float* Mf, const float* Lf, SinkOf sink_of, int64_t row,
-                                               int64_t bi, int64_t si, int split, int h0, int h_end, int warp, int g,
-                                               int t4) {
+                                               FinalOf final_of, int64_t row, int64_t bi, int64_t si, int split,
+                                               int h0, int h_end, int warp, int g, int t4, unsigned char* scratch) {
+  unsigned char* const sw = scratch + warp * kM64WarpScratch;
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -241,14 +277,18 @@ __device__ __forceinline__ void m64_store_rows(const SparseDecodeParams& p, cons
       const int r = m * 16 + g + 8 * half;
       const int h = h0 + r;
       if (h >= h_end) continue;
-      const RowFinal f = finalize_row(Mf[r], Lf[r], p.num_splits == 1 && p.attn_sink != nullptr, sink_of(m, half, r));
+      const RowFinal f = final_of(m, half, r);
       const float lse = f.lse, inv = f.inv;
       if (p.num_splits == 1) {
         __nv_bfloat16* o = (__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + 64 * warp + 2 * t4;
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
-          *(__nv_bfloat162*)(o + 8 * n) =
-              __floats2bfloat162_rn(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+        for (int n = 0; n < 8; ++n) {
+          const __nv_bfloat162 v = __floats2bfloat162_rn(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+          if constexpr (kStaged)
+            *(__nv_bfloat162*)(sw + r * 128 + ((n ^ g) << 4) + 4 * t4) = v;
+          else
+            *(__nv_bfloat162*)(o + 8 * n) = v;
+        }
         if (warp == 0 && t4 == 0) p.lse[(bi * p.h_q + h) * p.s_q + si] = lse_out(lse);
       } else {
         const int64_t prw = ((int64_t)split * p.b * p.s_q + row) * p.h_q + h;
@@ -257,6 +297,20 @@ __device__ __forceinline__ void m64_store_rows(const SparseDecodeParams& p, cons
         for (int n = 0; n < 8; ++n)
           *(float2*)(o + 8 * n) = make_float2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
         if (warp == 0 && t4 == 0) p.lse_part[prw] = lse;
+      }
+    }
+  }
+  if constexpr (kStaged) {
+    if (p.num_splits == 1) {
+      __syncwarp();
+      const int lane = 4 * g + t4, k = lane & 7;
+#pragma unroll
+      for (int i = 0; i < 4 * MT; ++i) {
+        const int r = 4 * i + (lane >> 3);
+        const int h = h0 + r;
+        if (h < h_end)
+          *(uint4*)((__nv_bfloat16*)p.out + (row * p.h_q + h) * kDim + 64 * warp + 8 * k) =
+              *(const uint4*)(sw + r * 128 + ((k ^ (r & 7)) << 4));
       }
     }
   }
@@ -509,8 +563,12 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
     m64_store_ml(m_lo, m_hi, l_lo, l_hi, Mf, Lf, mq * 16 + g, t4);
   }
   __syncthreads();
-  m64_store_rows<MT>(p, acc, Mf, Lf, [&](int m, int half, int) { return sink[m][half]; }, row, bi, si, split, h0,
-                     h_end, warp, g, t4);
+  m64_store_rows<MT, false>(
+      p, acc,
+      [&](int m, int half, int r) {
+        return finalize_row(Mf[r], Lf[r], p.num_splits == 1 && p.attn_sink != nullptr, sink[m][half]);
+      },
+      row, bi, si, split, h0, h_end, warp, g, t4, smem);
 }
 
 }  // namespace dsv4

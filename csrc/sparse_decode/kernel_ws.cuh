@@ -48,12 +48,13 @@ constexpr int kWsSmemK = 2 * kM64Tok * kKPitch * 2;              // 66560 B two 
 constexpr int kWsSmemP = 2 * kM64Heads * kPPitch * 2;            // 10240 B two P tiles (bf16, pitch 40)
 constexpr int kWsSmemAlpha = 2 * kM64Heads * 4;                  //   512 B two alpha vectors
 constexpr int kWsSmemValid = 2 * kM64Tok * 4;                    //   256 B valid flags per K/V buffer
-constexpr int kWsSmemML = 3 * kM64Heads * 4;                     //   768 B final m, l, attn_sink
+constexpr int kWsSmemML = 5 * kM64Heads * 4;                     //  1280 B final m, l, lse, factor, attn_sink
 constexpr int kWsSmemIdx = 2 * kM64Tok * 4;                      //   256 B raw slot indices of the next two tiles
-constexpr int kWsSmemBytes = kWsSmemStage + kWsSmemK + kWsSmemP + kWsSmemAlpha + kWsSmemValid + kWsSmemML + kWsSmemIdx;  // 97408 B
+constexpr int kWsSmemBytes = kWsSmemStage + kWsSmemK + kWsSmemP + kWsSmemAlpha + kWsSmemValid + kWsSmemML + kWsSmemIdx;  // 97920 B
 static_assert(kWsSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
 static_assert(kWsPvThreads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
 static_assert(kWsSWarps * 16 == kM64Heads && kWsPvWarps * 64 == kDim, "warp roles cover the block");
+static_assert(kWsPvWarps * kM64WarpScratch <= kWsSmemStage + kWsSmemK, "the epilogue's scratch: staging + K/V buffers");
 
 // setmaxnreg exists for the arch-specific ("a") targets only (sm_90a, sm_100a, sm_120a, ...; both builds of this
 // library are such targets). Built for another arch the kernel keeps 168 registers in every warp: the same
@@ -84,9 +85,11 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   __nv_bfloat16* Pb = (__nv_bfloat16*)(smem + kWsSmemStage + kWsSmemK);
   float* Ab = (float*)(smem + kWsSmemStage + kWsSmemK + kWsSmemP);
   int* Vf = (int*)(Ab + 2 * kM64Heads);
-  float* Mf = (float*)(Vf + 2 * kM64Tok);
+  float* Mf = (float*)(Vf + 2 * kM64Tok);   // final m, l, and (no split) lse and output factor of each head row
   float* Lf = Mf + kM64Heads;
-  float* Sf = Lf + kM64Heads;
+  float* Lse = Lf + kM64Heads;
+  float* Inv = Lse + kM64Heads;
+  float* Sf = Inv + kM64Heads;
   int* Ix = (int*)(Sf + kM64Heads);
   constexpr int kTileKV = kM64Tok * kKPitch;   // bf16 elements per K/V buffer
   constexpr int kTileP = kM64Heads * kPPitch;  // bf16 elements per P buffer
@@ -110,9 +113,9 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     const int mq = warp - kWsPvWarps;
     uint32_t qf[kDim / 16][4];   // A-fragments: heads h0 + 16 mq + g (+8), dims 16 ks + 2 t4 (+8)
     m64_load_q<kDim / 16>(p, qf, bi, si, h0 + mq * 16 + g, h_end, 0, t4);
-    // the sink values of the PV warps' epilogue, loaded here while the first tile is staged: as registers
-    // live through the PV warps' loop they made ptxas spill (run 50)
-    if (t4 == 1) {
+    // the sink values of the rows' final factors, loaded here while the first tile is staged (lane t4 = 0 reads them
+    // in m64_store_final; as registers of the PV warps, who used to apply them, they made ptxas spill, run 50)
+    if (t4 == 0) {
       const int hl = h0 + mq * 16 + g, hh = hl + 8;
       const bool with_sink = p.num_splits == 1 && p.attn_sink != nullptr;
       Sf[mq * 16 + g] = with_sink && hl < h_end ? p.attn_sink[hl] : 0.f;
@@ -144,8 +147,9 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
                        t4);
       named_bar_arrive(kWsBarPReady + buf, kWsThreads);   // P, alpha of tile it in buffer buf
     }
-    m64_store_ml(m_lo, m_hi, l_lo, l_hi, Mf, Lf, mq * 16 + g, t4);
-    __syncthreads();   // E: final m, l (and the sink values) visible to the PV warps, which store the output
+    m64_store_final(m_lo, m_hi, l_lo, l_hi, Sf, p.num_splits == 1, p.attn_sink != nullptr, Mf, Lf, Lse, Inv, mq * 16 + g,
+                    t4);
+    __syncthreads();   // E: each row's final m, l (lse, factor) visible to the PV warps, which store the output
     return;
   }
 
@@ -254,9 +258,14 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   }
   cp_async_wait<0>();
 
-  // ---- epilogue (m64_store_rows, as the 8-warp kernel's; m, l and the sink values from the S warps)
+  // ---- epilogue (m64_store_rows, as the 8-warp kernel's): unsplit, each row's lse and factor as the S warps left
+  //      them, the bf16 rows staged in the staging area + K/V buffers (free now: every copy landed, every warp is
+  //      past E); split, the factors from the final m, l here, as before
   __syncthreads();   // E
-  m64_store_rows<4>(p, acc, Mf, Lf, [&](int, int, int r) { return Sf[r]; }, row, bi, si, split, h0, h_end, warp, g, t4);
+  auto final_of = [&](int, int, int r) {
+    return p.num_splits == 1 ? RowFinal{Lse[r], Inv[r]} : finalize_row(Mf[r], Lf[r], false, 0.f);
+  };
+  m64_store_rows<4, true>(p, acc, final_of, row, bi, si, split, h0, h_end, warp, g, t4, smem);
 }
 
 }  // namespace dsv4
