@@ -55,6 +55,7 @@ static_assert(kWsSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per 
 static_assert(kWsPvThreads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
 static_assert(kWsSWarps * 16 == kM64Heads && kWsPvWarps * 64 == kDim, "warp roles cover the block");
 static_assert(kWsPvWarps * kM64WarpScratch <= kWsSmemStage + kWsSmemK, "the epilogue's scratch: staging + K/V buffers");
+static_assert(kWsSWarps * 2048 <= kWsSmemP, "ws_load_q: 2 KB of the P buffers per S warp");
 
 // setmaxnreg exists for the arch-specific ("a") targets only (sm_90a, sm_100a, sm_120a, ...; both builds of this
 // library are such targets). Built for another arch the kernel keeps 168 registers in every warp: the same
@@ -73,6 +74,50 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Q A-fragments of an S warp (heads hl0 .. hl0 + 15, all 512 dims) through 2 KB of shared memory `sw`: whole
+// 128-byte rows by 16-byte loads (8 lanes per row), written into sw (16-byte piece k of row r at k ^ (r & 7)) and read
+// back as A-fragments by ldmatrix, 64 dims at a time. Why: the SM moves global data at a rate per 32-byte sector
+// however full (an inference of H100 run 52), and the 4-byte fragment loads of m64_load_q fill half sectors: a
+// 64-head block's Q reached the S warps ~6 us after the start at b = 128, this way ~5 us (~5 -> ~3.2 at b = 32).
+// Alone that did not shorten the call (the P V warps' two first tiles were the longer chain); with the prologue
+// that fetches both at once (below) the call is ~1.5 % faster at b 4-32 (median; up to 5 %), the same at b >= 128.
+// Every load is issued before the first store (the raw rows wait in qf: chunk c's 64 dims in qf[4 c .. 4 c + 3],
+// which its ldmatrix results then replace). Rows need 16-byte alignment (strides multiples of 8 elements, 16-byte
+// aligned base), else m64_load_q.
+__device__ __forceinline__ void ws_load_q(const SparseDecodeParams& p, uint32_t (&qf)[kDim / 16][4], int64_t bi,
+                                          int64_t si, int hl0, int h_end, int lane, unsigned char* sw) {
+  if (((p.q_stride_b | p.q_stride_s | p.q_stride_h) & 7) != 0 || ((uintptr_t)p.q & 15) != 0) {
+    m64_load_q<kDim / 16>(p, qf, bi, si, hl0 + (lane >> 2), h_end, 0, lane & 3);
+    return;
+  }
+  const __nv_bfloat16* q = (const __nv_bfloat16*)p.q + bi * p.q_stride_b + si * p.q_stride_s;
+  const int k = lane & 7;
+#pragma unroll
+  for (int c = 0; c < kDim / 64; ++c)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int h = hl0 + 4 * j + (lane >> 3);
+      const uint4 v = h < h_end ? __ldg((const uint4*)(q + (int64_t)h * p.q_stride_h + 64 * c + 8 * k))
+                                : make_uint4(0u, 0u, 0u, 0u);
+      qf[4 * c + j][0] = v.x; qf[4 * c + j][1] = v.y; qf[4 * c + j][2] = v.z; qf[4 * c + j][3] = v.w;
+    }
+#pragma unroll
+  for (int c = 0; c < kDim / 64; ++c) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = 4 * j + (lane >> 3);
+      *(uint4*)(sw + r * 128 + ((k ^ (r & 7)) << 4)) =
+          make_uint4(qf[4 * c + j][0], qf[4 * c + j][1], qf[4 * c + j][2], qf[4 * c + j][3]);
+    }
+    __syncwarp();
+    // ldmatrix.x4 of k-step kk: lanes 0-15 address rows 0-15 at piece 2 kk, lanes 16-31 the same rows at 2 kk + 1
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      ldmatrix_x4(qf[4 * c + kk], sw + (lane & 15) * 128 + (((2 * kk + (lane >> 4)) ^ (lane & 7)) << 4));
+    __syncwarp();
+  }
 }
 
 __global__ void __launch_bounds__(kWsThreads, 1)
@@ -112,7 +157,8 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     ws_setmaxnreg<kWsSRegs, true>();
     const int mq = warp - kWsPvWarps;
     uint32_t qf[kDim / 16][4];   // A-fragments: heads h0 + 16 mq + g (+8), dims 16 ks + 2 t4 (+8)
-    m64_load_q<kDim / 16>(p, qf, bi, si, h0 + mq * 16 + g, h_end, 0, t4);
+    // through 2 KB of the P buffers per S warp: nothing else touches them before this warp writes P of tile 0
+    ws_load_q(p, qf, bi, si, h0 + mq * 16, h_end, lane, (unsigned char*)Pb + mq * 2048);
     // the sink values of the rows' final factors, loaded here while the first tile is staged (lane t4 = 0 reads them
     // in m64_store_final; as registers of the PV warps, who used to apply them, they made ptxas spill, run 50)
     if (t4 == 0) {
@@ -147,8 +193,8 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
                        t4);
       named_bar_arrive(kWsBarPReady + buf, kWsThreads);   // P, alpha of tile it in buffer buf
     }
-    m64_store_final(m_lo, m_hi, l_lo, l_hi, Sf, p.num_splits == 1, p.attn_sink != nullptr, Mf, Lf, Lse, Inv, mq * 16 + g,
-                    t4);
+    m64_store_final(m_lo, m_hi, l_lo, l_hi, Sf, p.num_splits == 1, p.attn_sink != nullptr, Mf, Lf, Lse, Inv,
+                    mq * 16 + g, t4);
     __syncthreads();   // E: each row's final m, l (lse, factor) visible to the PV warps, which store the output
     return;
   }
@@ -162,18 +208,19 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   auto issue = [&](int64_t t0, int raw_idx) {
     m64_stage_rows(p, ring, t0, raw_idx, gn, gj, pos_end, main_lim, extra_lim);
   };
-  // chunk c = warp (0..6 fp8 NoPE, 7 RoPE copy) of every token (lane = token) from the staging rows into K/V
-  // buffer buf, exact; rotated 16-byte order (conflict-free staging reads). Chunk 0 also copies the flags.
-  auto dequant = [&](int buf) {
+  // chunk c = warp (0..6 fp8 NoPE, 7 RoPE copy) of every token (lane = token) from the staged rows at src (the staging
+  // area; tile 0: see below) into K/V buffer buf, exact; rotated 16-byte order (conflict-free staging reads). Chunk 0
+  // also copies the flags.
+  auto dequant = [&](int buf, const unsigned char* src) {
     const int n = lane, c = warp;
-    if (c == 0) Vf[buf * kM64Tok + n] = ((const int*)(ring + kM64StageData + kM64StageScale))[n];
+    if (c == 0) Vf[buf * kM64Tok + n] = ((const int*)(src + kM64StageData + kM64StageScale))[n];
     unsigned char* dst = (unsigned char*)(Kb + buf * kTileKV + n * kKPitch + c * 64);
     if (c < 7) {
-      const float sc = ue8m0_to_float(ring[kM64StageData + n * kScaleBytes + c]);
+      const float sc = ue8m0_to_float(src[kM64StageData + n * kScaleBytes + c]);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int kk = (s + (n >> 1)) & 3;
-        const uint4 raw = *(const uint4*)(ring + n * kRowBytes + c * 64 + 16 * kk);
+        const uint4 raw = *(const uint4*)(src + n * kRowBytes + c * 64 + 16 * kk);
         uint4 o0, o1;
         o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
         o0.z = e4m3x2_to_bf16x2(raw.y, sc); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, sc);
@@ -186,7 +233,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const int kk = (s + (n >> 1)) & 7;
-        ((uint4*)dst)[kk] = *(const uint4*)(ring + n * kRowBytes + kNope + 16 * kk);
+        ((uint4*)dst)[kk] = *(const uint4*)(src + n * kRowBytes + kNope + 16 * kk);
       }
     }
   };
@@ -212,7 +259,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   auto stage_next = [&](int64_t t) {
     cp_async_wait<0>();
     named_bar_sync(kWsBarPv, kWsPvThreads);    // every copy of tile t landed; buffer t % 2 is no longer read
-    dequant((int)(t & 1));
+    dequant((int)(t & 1), ring);
     named_bar_sync(kWsBarPv, kWsPvThreads);    // the staging area is free
     named_bar_arrive(kWsBarKReady + (int)(t & 1), kWsThreads);
     if (t + 1 < ntiles) issue(pos_begin + (t + 1) * kM64Tok, Ix[(int)((t + 1) & 1) * kM64Tok + gn]);
@@ -220,15 +267,29 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     cp_async_commit();
   };
 
-  if (ntiles > 0) issue(pos_begin, slot_load(p, bi, si, pos_begin + gn, pos_end));
-  if (ntiles > 1) index_async(1);
+  // tiles 0 and 1 fetched at once (both slot indices, then both tiles' rows): tile 0's raw rows in K/V buffer 1's
+  // space (nothing is in it before tile 1 is dequantised there), tile 1's in the staging area. Before run 52 tile 1's
+  // rows went out only after tile 0 was dequantised, one more global round trip before the first P V.
+  unsigned char* const ring1 = (unsigned char*)(Kb + kTileKV);
+  const int raw0 = ntiles > 0 ? slot_load(p, bi, si, pos_begin + gn, pos_end) : -1;
+  const int raw1 = ntiles > 1 ? slot_load(p, bi, si, pos_begin + kM64Tok + gn, pos_end) : -1;
+  if (ntiles > 0) m64_stage_rows(p, ring1, pos_begin, raw0, gn, gj, pos_end, main_lim, extra_lim);
+  cp_async_commit();
+  if (ntiles > 1) issue(pos_begin + kM64Tok, raw1);
+  if (ntiles > 2) index_async(2);
   cp_async_commit();
   float acc[4][8][4];
 #pragma unroll
   for (int m = 0; m < 4; ++m)
 #pragma unroll
     for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
-  if (ntiles > 0) stage_next(0);
+  if (ntiles > 0) {
+    cp_async_wait<1>();
+    named_bar_sync(kWsBarPv, kWsPvThreads);    // every copy of tile 0 landed
+    dequant(0, ring1);
+    named_bar_sync(kWsBarPv, kWsPvThreads);    // K/V buffer 1's space is free for tile 1
+    named_bar_arrive(kWsBarKReady, kWsThreads);
+  }
   if (ntiles > 1) stage_next(1);
 
   for (int64_t it = 0; it < ntiles; ++it) {
