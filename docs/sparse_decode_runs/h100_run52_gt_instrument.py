@@ -81,7 +81,8 @@ rep('''      named_bar_arrive(kWsBarPReady + buf, kWsThreads);   // P, alpha of 
 ''', '''      named_bar_arrive(kWsBarPReady + buf, kWsThreads);   // P, alpha of tile it in buffer buf
       GTT(threadIdx.x == 256 && it == 0, 7, gtime());
 ''')
-rep('''  cp_async_commit();
+if '#if DSV4_WS_PRO2' not in s:
+    rep('''  cp_async_commit();
   float acc[4][8][4];''', '''  cp_async_commit();
   GT(12, gtime());
   float acc[4][8][4];''')
@@ -89,7 +90,13 @@ rep('''  if (ntiles > 0) stage_next(0);
 ''', '''  if (ntiles > 0) stage_next(0);
   GT(14, gtime());
 ''')
-rep('''  __syncthreads();   // E
+if '  __syncthreads();   // E\n  auto final_of' in s:
+    rep('''  __syncthreads();   // E
+  auto final_of''', '''  __syncthreads();   // E
+  GT(15, gtime());
+  auto final_of''')
+else:
+    rep('''  __syncthreads();   // E
   m64_store_rows''', '''  __syncthreads();   // E
   GT(15, gtime());
   m64_store_rows''')
@@ -135,5 +142,27 @@ if '  m64_store_rows<4>(p, acc' in s: rep('''  m64_store_rows<4>(p, acc, Mf, Lf,
 #else
   m64_store_rows<4>(p, acc, Mf, Lf, [&](int, int, int r) { return Sf[r]; }, row, bi, si, split, h0, h_end, warp, g, t4);
 #endif
+''')
+# run 52 call 12: the prologue that fetches tiles 0 and 1 at once (DSV4_WS_PRO2): its own points
+if '#if DSV4_WS_PRO2' in s:
+    rep('''#endif
+
+  for (int64_t it = 0; it < ntiles; ++it) {''', '''#endif
+#if DSV4_WS_PRO2
+  GT(2, gtime()); GT(9, clock64());
+#endif
+
+  for (int64_t it = 0; it < ntiles; ++it) {''')
+    rep('''#endif
+  float acc[4][8][4];''', '''#endif
+#if DSV4_WS_PRO2
+  GT(12, gtime());
+#endif
+  float acc[4][8][4];''')
+    rep('''    named_bar_arrive(kWsBarKReady, kWsThreads);
+  }
+''', '''    named_bar_arrive(kWsBarKReady, kWsThreads);
+  }
+  GT(14, gtime());
 ''')
 open(dst, 'w').write(s)
