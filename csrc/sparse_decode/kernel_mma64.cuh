@@ -152,9 +152,6 @@ __device__ __forceinline__ void m64_load_q(const SparseDecodeParams& p, uint32_t
   }
 }
 
-// MT: m16 tiles with real heads (4: 64 heads per block; 2 / 1: 32 / 16, impl 3 / 4). With MT < 4 the rows
-// beyond the block's heads are skipped (no S, softmax or PV on them) instead of computed as zero rows.
-// SWZ: the swizzled K/V layout (see kM64KTile).
 // Online softmax of one m16 tile of head rows over one 32-token tile (fp32, base 2), shared by the 64-head kernels:
 // sacc = the tile's S fragment (rows g, g + 8; tokens 8 j + 2 t4 (+1)), complete over the dims; slots whose flag in
 // vf is 0 are masked; updates the running max m (scaled) and this thread's part of the sum l (reduced over t4 at
@@ -198,26 +195,13 @@ __device__ __forceinline__ void m64_softmax_tile(float (&sacc)[4][4], const int*
   if (t4 == 0) { alpha[r] = al_lo; alpha[r + 8] = al_hi; }
 }
 
-// End of the softmax of rows r, r + 8: l summed over the 4 lanes of a row (t4), final m and l -> Mf, Lf
-__device__ __forceinline__ void m64_store_ml(float m_lo, float m_hi, float l_lo, float l_hi, float* Mf, float* Lf,
-                                             int r, int t4) {
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-  if (t4 == 0) {
-    Mf[r] = m_lo; Lf[r] = l_lo;
-    Mf[r + 8] = m_hi; Lf[r + 8] = l_hi;
-  }
-}
-
-// The same for the warp-specialised kernel, and without split lane t4 = 0 then also turns the row's final m, l (and
-// its sink value in Sf) into its lse and output factor -> Lse, Inv. Why: the S warps are done a tile before the P V
+// End of the softmax of rows r, r + 8: l summed over the 4 lanes of a row (t4), final m and l -> Mf, Lf; and with
+// `unsplit` (the warp-specialised kernel without split) lane t4 = 0 also turns the row's final m, l (and its sink
+// value in Sf) into its lse and output factor -> Lse, Inv. Why: the S warps are done a tile before the P V
 // warps, whose unsplit epilogue then reads two floats per row instead of running a MUFU / division chain per row,
 // which (with the stores' half sectors, m64_store_rows) kept its rows going out one after the other (H100 run 52).
 // The split epilogue, whose fp32 partials take as long however the factors arrive, computes them from Mf, Lf as
-// before (from Lse, Inv it was ~1 us slower at b = 32, run 52). The reduction and the Mf, Lf stores repeat
-// m64_store_ml's: calling it instead reordered this kernel's sm_90a code (~7000 SASS lines differ from the timed build).
+// before (from Lse, Inv it was ~1 us slower at b = 32, run 52).
 __device__ __forceinline__ void m64_store_final(float m_lo, float m_hi, float l_lo, float l_hi, const float* Sf,
                                                 bool unsplit, bool with_sink, float* Mf, float* Lf, float* Lse,
                                                 float* Inv, int r, int t4) {
@@ -234,6 +218,13 @@ __device__ __forceinline__ void m64_store_final(float m_lo, float m_hi, float l_
       Lse[r + 8] = hi.lse; Inv[r + 8] = hi.inv;
     }
   }
+}
+
+// The same without the lse / factor part (the 8-warp kernel): m64_store_final with unsplit = false, which the
+// compiler folds away (the 8-warp kernels' SASS is byte-identical to the earlier separate copy).
+__device__ __forceinline__ void m64_store_ml(float m_lo, float m_hi, float l_lo, float l_hi, float* Mf, float* Lf,
+                                             int r, int t4) {
+  m64_store_final(m_lo, m_hi, l_lo, l_hi, nullptr, false, false, Mf, Lf, nullptr, nullptr, r, t4);
 }
 
 // O *= alpha per head row before a tile's P V (rows 16 m + g, 16 m + g + 8 of the block's MT m16 tiles)
@@ -316,6 +307,9 @@ __device__ __forceinline__ void m64_store_rows(const SparseDecodeParams& p, cons
   }
 }
 
+// MT: m16 tiles with real heads (4: 64 heads per block; 2 / 1: 32 / 16, impl 3 / 4). With MT < 4 the rows
+// beyond the block's heads are skipped (no S, softmax or PV on them) instead of computed as zero rows.
+// SWZ: the swizzled K/V layout (see kM64KTile).
 template <int MT, bool SWZ>
 __global__ void __launch_bounds__(kM64Threads, 1)
 sparse_decode_mma64_kernel(const SparseDecodeParams p) {
