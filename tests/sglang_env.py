@@ -168,27 +168,27 @@ STUB_MISSING_MODULES = textwrap.dedent(
 ) % (STAND_IN,)
 
 
-def real_module_prelude(target: str) -> str:
+def real_module_prelude(target: str, *also_real: str) -> str:
     """Code that makes ``import <target>`` execute the target's real source file while every other
     ``sglang.*`` module it imports is a stand-in (and its parent packages are bare packages over the
-    real directories, their __init__ not run). For SGLang modules whose import chain cannot load on a
-    CPU machine (model configs needing transformers, tilelang kernels, ...). Combine with
-    STUB_MISSING_MODULES for third-party names."""
+    real directories, their __init__ not run), except the modules in ``also_real``, which load their real
+    files the same way. For SGLang modules whose import chain cannot load on a CPU machine (model configs
+    needing transformers, tilelang kernels, ...). Combine with STUB_MISSING_MODULES for third-party names."""
     return STUB_MISSING_MODULES + textwrap.dedent(
         f"""
         import os
-        _TARGET = {target!r}
+        _REAL = {{{target!r}, *{list(also_real)!r}}}
         _PARENTS = set()
-        _p = _TARGET
-        while "." in _p:
-            _p = _p.rsplit(".", 1)[0]
-            _PARENTS.add(_p)
+        for _p in _REAL:
+            while "." in _p:
+                _p = _p.rsplit(".", 1)[0]
+                _PARENTS.add(_p)
         _BASE = [p for p in sys.path if os.path.isdir(os.path.join(p, "sglang"))][0]
 
         class _ControlledSGLang(importlib.abc.MetaPathFinder):
             def find_spec(self, fullname, path, target=None):
-                if fullname.split(".")[0] != "sglang" or fullname == _TARGET:
-                    return None  # the target itself: the normal finders load its real file
+                if fullname.split(".")[0] != "sglang" or fullname in _REAL:
+                    return None  # the real modules: the normal finders load their files
                 if fullname in _PARENTS:
                     spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
                     spec.submodule_search_locations = [os.path.join(_BASE, *fullname.split("."))]

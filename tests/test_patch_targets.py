@@ -146,6 +146,76 @@ def test_patched_dispatcher_runs_ours_then_hands_back(version):
     assert "RAISED=UnsupportedCase" not in lenient.stdout
 
 
+DSV4_MODEL = "sglang.srt.models.deepseek_v4"
+KERNEL_HEADS = DSV4_MODEL + ".MqaAttentionBase._kernel_num_heads"
+# MqaAttentionBase._kernel_num_heads of the real wheel, called as the attention forward calls it, for a rank of
+# 16 heads at attention TP 4 (DeepSeek-V4: 64 heads); `blocker` stands for what the GPU would say
+# (ops.sparse_decode._unpadded_heads_blocker: "" = SM12x with a loadable library)
+KERNEL_HEADS_CALL = """
+import types, torch
+import deepseek_v4_kernel.ops.sparse_decode as sd
+torch.cuda.is_available = lambda: True
+torch.cuda.current_device = lambda: 0
+attn = types.SimpleNamespace(attn_tp_size=4, n_local_heads=16, n_heads=64)
+for blocker in ("", "GPU 0 is sm_90, not SM12x"):
+    sd._unpadded_heads_blocker = lambda i, b=blocker: b
+    try:
+        print("HEADS=%d" % m.MqaAttentionBase._kernel_num_heads(attn, 1))
+    except Exception as e:
+        print("RAISED=" + type(e).__name__)
+"""
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
+def test_decode_q_unpadded_where_the_sm120_sparse_decode_is_ours(version):
+    """With ours as SGLang's SM120 dispatcher (the real module, its backend setting stood in: replaced), the model's
+    head count for the kernel is the rank's own; where our kernel would not run (blocker), SGLang's method pads."""
+    from sglang_env import real_module_prelude
+
+    code = (real_module_prelude(DSV4_MODEL, SM120_DISPATCH["0.5.23"]) + f"\nimport {DSV4_MODEL} as m\n"
+            + KERNEL_HEADS_CALL + REPORT_JSON)
+    r = run_child(code, path=[sglang_dir(version)], env=FORCE)
+    assert r.returncode == 0, r.stderr
+    rows = {x["target"]: x for x in parse_report(r.stdout)}
+    assert rows[f"{SM120_DISPATCH['0.5.23']}.flash_mla_with_kvcache_sm120"]["status"] == "patched"
+    row = rows[KERNEL_HEADS]
+    assert row["status"] == "patched" and row["handbacks"] == 1, row
+    # ours: the rank's 16 heads; blocked: SGLang's own method (not on SM120 here: its platform is stood in) pads
+    assert [l for l in r.stdout.splitlines() if l.startswith(("HEADS=", "RAISED="))] == ["HEADS=16", "HEADS=64"]
+    assert "handing this call back" in r.stderr and "q stays padded to 64 heads: GPU 0 is sm_90" in r.stderr
+    strict = run_child(code, path=[sglang_dir(version)], env={**FORCE, "DSV4_KERNEL_STRICT": "1"})
+    assert [l for l in strict.stdout.splitlines() if l.startswith(("HEADS=", "RAISED="))] == \
+        ["HEADS=16", "RAISED=UnsupportedCase"], strict.stdout + strict.stderr
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.23"])
+def test_decode_q_padding_left_where_sglang_runs_its_own_sparse_decode(version):
+    """The dispatcher not ours (here: a stand-in module, as when FlashInfer's native kernel runs), or the user's
+    switch: the row is left."""
+    from sglang_env import real_module_prelude
+
+    code = real_module_prelude(DSV4_MODEL) + f"\nimport {DSV4_MODEL} as m\n" + REPORT_JSON
+    r = run_child(code, path=[sglang_dir(version)], env=FORCE)
+    assert r.returncode == 0, r.stderr
+    row = {x["target"]: x for x in parse_report(r.stdout)}[KERNEL_HEADS]
+    assert row["status"] == "left" and "SGLang's own SM120 sparse decode runs" in row["reason"], row
+    # ours as the dispatcher, but the user's switch keeps the pad
+    code = (real_module_prelude(DSV4_MODEL, SM120_DISPATCH["0.5.23"]) + f"\nimport {DSV4_MODEL} as m\n"
+            + REPORT_JSON)
+    r = run_child(code, path=[sglang_dir(version)], env={**FORCE, "DSV4_SPARSE_DECODE_UNPADDED_HEADS": "0"})
+    assert r.returncode == 0, r.stderr
+    row = {x["target"]: x for x in parse_report(r.stdout)}[KERNEL_HEADS]
+    assert row["status"] == "left" and "DSV4_SPARSE_DECODE_UNPADDED_HEADS=0" in row["reason"], row
+
+
+def test_decode_q_padding_row_inactive_before_0_5_20():
+    row = next(t for t in targets.TARGETS if t.attr == "MqaAttentionBase._kernel_num_heads")
+    for v in ("0.5.12", "0.5.17", "0.5.19"):
+        assert not row.applies_to_version(v)[0], v
+    for v in ("0.5.20", "0.5.23"):
+        assert row.applies_to_version(v)[0], v
+
+
 def test_flash_mla_for_sglang_0_5_12_is_patched_through_its_package():
     """SGLang 0.5.12 calls flash_mla.flash_mla_with_kvcache (the FlashMLA wheel's real Python
     files, with its CUDA loader stubbed): the interface attribute and the package's re-export."""

@@ -697,6 +697,63 @@ def test_extension_error_names_the_gpu_arch_and_the_build(monkeypatch):
         _device._extension_error_of.cache_clear()
 
 
+def test_unpadded_heads_only_where_our_kernel_runs(monkeypatch):
+    """ops.sparse_decode.kernel_num_heads (the patch row of SGLang 0.5.20+'s MqaAttentionBase._kernel_num_heads):
+    the rank's own heads on an SM12x GPU whose library loads; otherwise UnsupportedCase naming why (the patch layer
+    then runs SGLang's method, which pads q to 64 heads for its own kernels)."""
+    import types
+
+    from deepseek_v4_kernel.errors import ExtensionUnavailable
+
+    attn = types.SimpleNamespace(attn_tp_size=8, n_local_heads=8, n_heads=64)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UnsupportedCase, match="q stays padded to 64 heads: no CUDA device"):
+        sd.kernel_num_heads(attn, 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    cap, why = {}, {}
+
+    def ext_error(device):
+        if isinstance(why[device.index], Exception):
+            raise why[device.index]
+        return why[device.index]
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: cap[index])
+    monkeypatch.setattr(sd, "_extension_error", ext_error)
+    sd._unpadded_heads_blocker.cache_clear()
+    try:
+        for c, w, expect in [((12, 0), None, None), ((9, 0), None, "GPU 1 is sm_90, not SM12x"),
+                             ((12, 1), "has no kernel for GPU 1 (NVIDIA GB10, sm_121)", "has no kernel for GPU 1"),
+                             ((12, 0), ExtensionUnavailable("_C.so does not load"), "_C.so does not load")]:
+            sd._unpadded_heads_blocker.cache_clear()
+            cap[1], why[1] = c, w
+            if expect is None:
+                assert sd.kernel_num_heads(attn, 4) == 8
+                cap[1] = (9, 0)   # cached per device: not asked again
+                assert sd.kernel_num_heads(attn, 64) == 8
+            else:
+                with pytest.raises(UnsupportedCase, match="q stays padded to 64 heads: .*" + expect):
+                    sd.kernel_num_heads(attn, 4)
+    finally:
+        sd._unpadded_heads_blocker.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("real", [8, 16, 32])
+def test_gpu_unpadded_heads_match_the_padded_call(real):
+    """What the patch row above changes for SGLang: a TP rank's real heads alone instead of q padded to 64 heads
+    (padding random, its sink 0 as SGLang pads it) give the real rows of the padded call, and match the reference."""
+    a = _to_cuda(_case(b=3, s_q=2, h_q=64, topk=128, extra_topk=300, with_len=True, sink=True, seed=real))
+    a["attn_sink"][real:] = 0
+    o_pad, l_pad = _run_poisoned(a)
+    u = dict(a, q=a["q"][:, :, :real].contiguous(), attn_sink=a["attn_sink"][:real].contiguous())
+    o, l = _run_poisoned(u)
+    torch.cuda.synchronize()
+    _check(u, o, l)
+    torch.testing.assert_close(o.double(), o_pad[:, :, :real].double(), atol=2e-2, rtol=1.6e-2)
+    torch.testing.assert_close(l, l_pad[:, :real], atol=2e-4, rtol=1e-5)
+
+
 _NO_IMAGE_CHILD = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])

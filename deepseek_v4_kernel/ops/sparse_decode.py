@@ -330,3 +330,37 @@ def flash_mla_with_kvcache_sm120(**kwargs):
     kw = dict(kwargs)
     kw.setdefault("is_fp8_kvcache", True)
     return flash_mla_with_kvcache(**kw)
+
+
+# ----------------------------------------------------------------------------- unpadded query heads
+# SGLang 0.5.20+ pads decode q (<= SM120_DECODE_MAX_TOKENS = 64 tokens) under attention TP to 64 heads on SM120
+# unless FlashInfer's native kernel takes the rank's head count (MqaAttentionBase._kernel_num_heads): FlashMLA's
+# kernels specialise h_q for 64 / 128. Ours takes any h_q, and a padded call costs it a 64-head launch for 8 / 16
+# / 32 real heads (docs/sparse_decode.md, "Unpadded query heads"). The patch layer replaces that method while
+# SGLang's SM120 sparse decode is ours (targets.py, condition sm120_sparse_decode_is_ours).
+@functools.lru_cache(maxsize=None)
+def _unpadded_heads_blocker(device_index: int) -> str:
+    """"" when the sparse decode SGLang calls on this GPU is ours and runs there; else why q stays padded."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    if major != 12:
+        # (the DSV4_KERNEL_FORCE testing mode) SGLang calls FlashMLA there, whose kernels need 64 / 128 heads
+        return f"GPU {device_index} is sm_{major}{minor}, not SM12x: SGLang does not call the SM120 sparse decode"
+    try:
+        why = _extension_error(torch.device("cuda", device_index))
+    except ExtensionUnavailable as e:
+        why = str(e)
+    return why or ""
+
+
+def kernel_num_heads(self, num_tokens):
+    """Replaces SGLang's ``MqaAttentionBase._kernel_num_heads(num_tokens)`` (0.5.20+) where SGLang's SM120
+    sparse decode is ours: the query heads of this rank (``self.n_local_heads``), never padded to 64. Raises
+    UnsupportedCase (the patch layer then runs SGLang's own method, which pads) where our kernel would not run
+    the call: no CUDA device, a GPU other than SM12x, or one the extension has no kernel for; then SGLang's own
+    sparse decode gets the padded q it was written for. Cached per device: no query after the first call."""
+    if not torch.cuda.is_available():
+        raise UnsupportedCase(f"{OP}: q stays padded to 64 heads: no CUDA device")
+    why = _unpadded_heads_blocker(torch.cuda.current_device())
+    if why:
+        raise UnsupportedCase(f"{OP}: q stays padded to 64 heads: {why}")
+    return self.n_local_heads

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -89,6 +90,23 @@ def sm120_sparse_decode_not_native(module) -> Tuple[bool, str]:
     return True, f"unknown SGLang SM120 backend {backend!r}"
 
 
+SM120_DISPATCHER = "sglang.kernels.ops.attention.flash_mla_sm120"   # 0.5.16+ (the row below)
+UNPADDED_HEADS_ENV = "DSV4_SPARSE_DECODE_UNPADDED_HEADS"           # "0": leave SGLang's decode q padding as it is
+
+
+def sm120_sparse_decode_is_ours(module) -> Tuple[bool, str]:
+    """SGLang's SM120 sparse decode is ours (row above patched), which takes the rank's own head count."""
+    # Evaluated when sglang.srt.models.deepseek_v4 is imported; it imports the dispatcher's module at its top
+    # (0.5.20 deepseek_v4.py:32, 0.5.23 :38), so that module's row has been decided by then.
+    if os.environ.get(UNPADDED_HEADS_ENV, "1") == "0":
+        return False, f"{UNPADDED_HEADS_ENV}=0: SGLang's 64-head pad kept"
+    dispatcher = getattr(sys.modules.get(SM120_DISPATCHER), "flash_mla_with_kvcache_sm120", None)
+    if getattr(dispatcher, "__dsv4_target__", None) is None:
+        return False, ("SGLang's own SM120 sparse decode runs (FlashInfer's native kernel takes the rank's heads "
+                       "itself; the other paths were written for the 64-head pad)")
+    return True, "SGLang's SM120 sparse decode is ours, which takes any head count: decode q is not padded to 64"
+
+
 def hc_prenorm_gate_cannot_reach_a_missing_deep_gemm(version) -> Tuple[bool, str]:
     """SGLang 0.5.13-0.5.16 or >= 0.5.21, or an importable deep_gemm (0.5.17-0.5.20 import it behind the flag alone)."""
     # Where the flag leads on SM120 (docs/hc_prenorm.md section 5): hc_pre's DeepGEMM branch and mhc_pre call the
@@ -109,6 +127,7 @@ def hc_prenorm_gate_cannot_reach_a_missing_deep_gemm(version) -> Tuple[bool, str
 CONDITIONS: Dict[str, Callable[[Any], Tuple[bool, str]]] = {
     "sm120_sparse_decode_not_native": sm120_sparse_decode_not_native,
     "hc_prenorm_gate_cannot_reach_a_missing_deep_gemm": hc_prenorm_gate_cannot_reach_a_missing_deep_gemm,
+    "sm120_sparse_decode_is_ours": sm120_sparse_decode_is_ours,
 }
 
 # ----------------------------------------------------------------------------- the table
@@ -147,6 +166,17 @@ TARGETS: Tuple[Target, ...] = (
         first="0.5.16", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
         callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
         note="deepseek_v4_backend.py imports it inside the forward, at call time",
+    ),
+    # 0.5.20+: under attention TP, decode q (<= 64 tokens) is padded to 64 heads on SM120 for FlashMLA's h_q
+    # specialisation unless FlashInfer's native kernel takes the rank's heads; with ours as the dispatcher the
+    # pad only costs a 64-head launch for 8 / 16 / 32 real heads (docs/sparse_decode.md, "Unpadded query heads").
+    # 0.5.12-0.5.19 pad inline in the forward (no method to replace).
+    Target(
+        op="sparse_decode", module="sglang.srt.models.deepseek_v4", attr="MqaAttentionBase._kernel_num_heads",
+        replacement="deepseek_v4_kernel.ops.sparse_decode:kernel_num_heads",
+        first="0.5.20", params=("self", "num_tokens"), when="sm120_sparse_decode_is_ours",
+        callers=("sglang.srt.models.deepseek_v4",),
+        note="the attention forward calls self._kernel_num_heads(x.shape[0]) per call",
     ),
     # --- indexer paged MQA logits (docs/indexer_logits.md) -----------------------------------
     # 0.5.12-0.5.15.post1 default to DeepGEMM's fp8_paged_mqa_logits, which has no SM120 kernel,
