@@ -71,11 +71,16 @@ def main():
     ap.add_argument("--ws64", action="store_true",
                     help="time the 64-head points on the warp-specialised kernel (mma64ws, run 50) instead of the "
                          "8-warp one, as auto runs them from 4 tiles per block")
+    ap.add_argument("--ws", action="store_true",
+                    help="time every point on the warp-specialised kernel of its heads per block (mma64ws / "
+                         "mma64wsh32 / mma64wsh16, runs 50 and 53), as auto runs them from 4 tiles per block")
     ap.add_argument("--max-blocks-per-sm", type=int, default=3,
                     help="skip points whose grid has more than this many blocks per SM")
     args = ap.parse_args()
-    if args.ws64:
+    if args.ws64 or args.ws:
         HPB_IMPL[64] = "mma64ws"
+    if args.ws:
+        HPB_IMPL.update({32: "mma64wsh32", 16: "mma64wsh16"})
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda", 0)
     num_sms = sd._sm_count(dev)

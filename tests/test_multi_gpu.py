@@ -109,7 +109,7 @@ def test_sparse_decode_every_impl_on_the_second_gpu():
 
     a = _to_cuda(_case(b=3, s_q=2, h_q=64, topk=67, extra_topk=100, stride_pad=576, with_len=True,
                        with_extra_len=True, sink=True, seed=21), OTHER)
-    for impl in ("mma64", "mma64h32", "mma64h16", "mma64ws", "mma", "simt"):
+    for impl in ("mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma", "simt"):
         out, lse = sd.sparse_decode(**a, impl=impl)
         torch.cuda.synchronize(1)
         assert out.device == torch.device(OTHER) and lse.device == torch.device(OTHER)
@@ -122,8 +122,8 @@ def test_sparse_decode_every_impl_on_the_second_gpu():
     _check(a, out, lse)
     # and at b = 40 (one 64-head block per row, 20 tiles): "auto" runs the warp-specialised kernel there
     a = _to_cuda(_case(b=40, s_q=1, h_q=64, topk=128, extra_topk=512, n_extra=1200, sink=True, seed=23), OTHER)
-    assert sd.launch_64("auto", sd.mma64_launch(40, 1, 64, 640, torch.cuda.get_device_properties(1)
-                                                .multi_processor_count)[2]) == ("mma64ws" if sd.WS64 else "mma64")
+    assert sd.launch_kernel(64, "auto", sd.mma64_launch(40, 1, 64, 640, torch.cuda.get_device_properties(1)
+                                                        .multi_processor_count)[2]) == ("mma64ws" if sd.WS else "mma64")
     out, lse = sd.sparse_decode(**a)
     torch.cuda.synchronize(1)
     _check(a, out, lse)

@@ -155,22 +155,30 @@ def test_impl_codes_match_the_c_side():
     for name in ("mma64h16", "mma64h32"):
         mt = sd.HEAD_TILE[name] // 16
         assert re.search(rf"p\.impl == {sd.IMPL_CODE[name]}\s*\? sparse_decode_mma64_kernel<{mt}, true>", launcher), name
+    for name in ("mma64wsh16", "mma64wsh32"):   # the warp-specialised kernel's MT = heads per block / 16
+        mt = sd.HEAD_TILE[name] // 16
+        assert re.search(rf"p\.impl == {sd.IMPL_CODE[name]}\s*\? sparse_decode_ws_kernel<{mt}>", launcher), name
+    assert re.search(r"p\.impl >= 5 && p\.impl <= 7", launcher)
     # 64 heads: the swizzled K/V layout for split launches, the padded one without splits
     assert re.search(r"p\.num_splits > 1 \? sparse_decode_mma64_kernel<4, true>\s*: sparse_decode_mma64_kernel<4, false>",
                      launcher)
     assert sd.HEAD_TILE["mma64"] == 64
 
 
-def test_64_head_launches_take_the_warp_specialised_kernel_under_auto(monkeypatch):
-    """"auto" runs the mma64 rule's 64-head launches with >= WS_MIN_TILES tiles per block on kernel_ws.cuh
-    (impl 5), "mma64" by name keeps the 8-warp kernel, and DSV4_SPARSE_DECODE_WS=0 (WS64) switches it off."""
-    assert sd.IMPL_CODE["mma64ws"] == 5 and sd.HEAD_TILE["mma64ws"] == 64 and sd.WS_MIN_TILES == 4
-    monkeypatch.setattr(sd, "WS64", True)
-    assert sd.launch_64("auto", 640) == "mma64ws" and sd.launch_64("auto", 128) == "mma64ws"
-    assert sd.launch_64("auto", 96) == "mma64"          # 3 tiles per block: the 8-warp kernel (run 50)
-    assert sd.launch_64("mma64", 640) == "mma64"
-    monkeypatch.setattr(sd, "WS64", False)
-    assert sd.launch_64("auto", 640) == "mma64"
+def test_launches_take_the_warp_specialised_kernel_under_auto(monkeypatch):
+    """"auto" runs the mma64 rule's launches with >= WS_MIN_TILES tiles per block on kernel_ws.cuh (impl 5 / 6 / 7
+    for 64 / 32 / 16 heads per block), "mma64" by name keeps the 8-warp kernel, and DSV4_SPARSE_DECODE_WS=0 (WS)
+    switches it off."""
+    assert sd.WS_MIN_TILES == 4
+    for hpb, ws, m64, code in [(64, "mma64ws", "mma64", 5), (32, "mma64wsh32", "mma64h32", 6),
+                               (16, "mma64wsh16", "mma64h16", 7)]:
+        assert sd.IMPL_CODE[ws] == code and sd.HEAD_TILE[ws] == hpb == sd.HEAD_TILE[m64]
+        monkeypatch.setattr(sd, "WS", True)
+        assert sd.launch_kernel(hpb, "auto", 640) == ws and sd.launch_kernel(hpb, "auto", 128) == ws
+        assert sd.launch_kernel(hpb, "auto", 96) == m64          # 3 tiles per block: the 8-warp kernel (run 50)
+        assert sd.launch_kernel(hpb, "mma64", 640) == m64
+        monkeypatch.setattr(sd, "WS", False)
+        assert sd.launch_kernel(hpb, "auto", 640) == m64
 
 
 def test_choose_splits_shapes_only():
@@ -179,7 +187,7 @@ def test_choose_splits_shapes_only():
     for args in [(1, 1, 8, 1, 132), (3, 4, 128, 8320, 188), (2, 1, 64, 33, 132)]:
         n, per = sd.choose_splits(*args)
         assert per % 32 == 0 and (n - 1) * per < args[3] <= n * per or args[3] <= per
-    for impl in ["simt", "mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "auto"]:
+    for impl in ["simt", "mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "auto"]:
         for args in [(1, 1, 64, 640, 132), (8, 2, 128, 2176, 188), (1024, 1, 64, 640, 132), (2, 1, 96, 33, 132)]:
             n, per = sd.choose_splits(*args, impl=impl)
             assert 1 <= n <= sd.MAX_SPLITS and per % 32 == 0 and (n - 1) * per < max(args[3], 1) <= n * per
@@ -342,7 +350,7 @@ def test_gpu_vs_reference(name):
                                               (2, 26, 13), (2, 26, 26), (2, 40, 20), (2, 40, 40), (2, 64, 22),
                                               (2, 64, 32), (2, 64, 64), (1, 26, 5), (1, 26, 13), (1, 40, 20),
                                               (1, 26, 26), (1, 64, 64)])
-@pytest.mark.parametrize("impl", ["mma64", "mma64h16", "mma64ws"])
+@pytest.mark.parametrize("impl", ["mma64", "mma64h16", "mma64ws", "mma64wsh16", "mma64wsh32"])
 def test_gpu_forced_split_counts(monkeypatch, impl, b, tiles, splits):
     """Every combine instance (kChunk 4 for <= 4 splits, 24 for 17..24, 16 otherwise: 25..64 splits take two
     to four rounds; each head row in one block, or in two when rows x h_q <= 128: the b = 1 cases) and the
@@ -364,7 +372,7 @@ def test_gpu_forced_split_counts(monkeypatch, impl, b, tiles, splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16"])
 @pytest.mark.parametrize("name", ["h96_odd_heads", "h64_b1_split_len", "h128_b40_p256_noslit"])
 def test_gpu_impls_vs_reference(impl, name):
     """Each kernel explicitly (independent of DSV4_SPARSE_DECODE_IMPL): h_q not a multiple of 64,
@@ -413,7 +421,7 @@ def _every_code_case(b, h_q, topk, page_size=64, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma64", "mma64h32", "mma64h16", "mma64ws", "mma", "simt"])
+@pytest.mark.parametrize("impl", ["mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma", "simt"])
 @pytest.mark.parametrize("b", [2, 40])
 def test_gpu_dequantisation_bit_exact(monkeypatch, impl, b):
     """Every e4m3 code (subnormals included) and a range of scales, through each kernel, split (b = 2: 97 slots
@@ -501,7 +509,7 @@ def test_gpu_noncontiguous_q_indices_and_cache_dtype():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16"])
 @pytest.mark.parametrize("layout", ["odd_head_stride", "base_off_by_one"])
 def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
     """q whose bf16 pairs are not 4-byte aligned (odd head stride, or a base one element off): the
@@ -522,7 +530,7 @@ def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws"])
+@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16"])
 def test_gpu_growing_scores_rescale(impl):
     """Scores that grow along the position list (ascending rows: the running max moves on every
     tile, the O rescale by alpha < 1 runs each time) or shrink (descending rows: alpha == 1 after
@@ -863,7 +871,7 @@ def _fuzz_call(seed):
         ibig = torch.full((b, s_q, topk, 2), -3, dtype=torch.int32, device="cuda")
         ibig[..., 1] = a["indices"]
         a["indices"] = ibig[..., 1]
-    impl = r.choice([None, None, "mma64", "mma64h32", "mma64h16", "mma64ws", "mma", "simt"])
+    impl = r.choice([None, None, "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma", "simt"])
     sms = r.choice(SM_COUNTS)
     forced = None
     tiles = -(-positions // 32)

@@ -1,6 +1,7 @@
-// Sparse FP8 MLA decode, warp-specialised 64-head block ("mma64ws", impl 5). Same contract, split-KV
-// scheme, staging and dequantisation as kernel_mma64.cuh; instructions shared by SM90 and SM120 only
-// (mma.sync m16n8k16 bf16, ldmatrix, cp.async, named barriers, setmaxnreg).
+// Sparse FP8 MLA decode, warp-specialised block of 64 heads ("mma64ws", impl 5) or, since run 53, 32 / 16 heads
+// ("mma64wsh32" / "mma64wsh16", impl 6 / 7; template MT = heads / 16). Same contract, split-KV scheme, staging and
+// dequantisation as kernel_mma64.cuh; instructions shared by SM90 and SM120 only (mma.sync m16n8k16 bf16, ldmatrix,
+// cp.async, named barriers, setmaxnreg).
 //
 // Why: the 8-warp mma64 block holds Q (64 registers) and O (128) in every warp, so it runs two warps per
 // scheduler, the S, softmax and PV phases of a tile one after the other, and the tensor pipe idles in
@@ -19,10 +20,18 @@
 //   issuing mma.sync. 384 threads get 168 registers each; setmaxnreg (sm_90a and sm_120a) then moves
 //   registers from the PV warps (kWsPvRegs = 160) to the S warps (kWsSRegs = 184): with 168 the S loop had
 //   no register to load K fragments ahead and ran 1.24x slower at b = 128 (H100 run 50).
+// 32 / 16 heads (MT = 2 / 1; a TP rank's heads, run 53): the same roles, with the 4 S warps splitting S over the
+// dims (warp w: m16 tile w % MT, dims 128 MT (w / MT) ..; 64 / 32 registers of Q) and the warps w / MT > 0 handing
+// their partials to the softmax warps w / MT = 0 through the P region's tail (barriers kWsBarSxFull / kWsBarSxFree,
+// among the S warps); the PV warps own MT m16 tiles of O, so a tile costs them the dequantisation and the gather
+// issue plus a quarter / half of the P V. Why: the 8-warp kernel with one or two m16 tiles issues a tile's copies
+// with every warp, then waits for them behind a short S and softmax, three block barriers per tile; here the PV
+// warps' gather of the next tiles overlaps the S warps' work (H100 run 53: 0.83-0.92x the 8-warp kernel's time on
+// every 16 / 32-head launch with >= 9 tiles per block). No setmaxnreg: 168 registers are enough for both kinds.
 // Not SM80 ISA: setmaxnreg (arch-specific targets only: ws_setmaxnreg).
-// Hand-offs (named barriers, count 384 = producers' bar.arrive + consumers' bar.sync):
-//   kWsBarKReady + j: PV warps -> S warps, K/V buffer j holds its next tile (and its valid flags)
-//   kWsBarPReady + j: S warps -> PV warps, P / alpha buffer j hold the tile of buffer j
+// Hand-offs (named barriers, count = producers' bar.arrive + consumers' bar.sync):
+//   kWsBarKReady + j (384): PV warps -> S warps, K/V buffer j holds its next tile (and its valid flags)
+//   kWsBarPReady + j (256 + 32 MT): softmax S warps -> PV warps, P / alpha buffer j hold the tile of buffer j
 //   kWsBarPv (256): among the PV warps, around the staging area and the K/V buffer they rewrite.
 // A buffer's next use is ordered by these alone: the S warps rewrite P / alpha j (tile i + 2) only after
 // kWsBarKReady + j for tile i + 2, which the PV warps arrive at after PV(i) has read P / alpha j.
@@ -42,6 +51,7 @@ constexpr int kWsPvRegs = 160;
 constexpr int kWsSRegs = (kWsLaunchRegs * kWsThreads - kWsPvThreads * kWsPvRegs) / (kWsThreads - kWsPvThreads) / 8 * 8;
 static_assert(kWsSRegs == 184, "register split: PV warps 160, S warps 184");
 constexpr int kWsBarPv = 1, kWsBarKReady = 2, kWsBarPReady = 4;  // named barrier ids (0 = __syncthreads)
+constexpr int kWsBarSxFull = 6, kWsBarSxFree = 7;                // MT < 4: the S warps' partials (among the S warps)
 // shared memory (padded K/V rows of kKPitch bf16, as the unsplit mma64 kernel):
 constexpr int kWsSmemStage = kM64StageBytes;                     // 18816 B raw rows, scales, flags of one tile
 constexpr int kWsSmemK = 2 * kM64Tok * kKPitch * 2;              // 66560 B two bf16 K/V tiles
@@ -76,7 +86,8 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Q A-fragments of an S warp (heads hl0 .. hl0 + 15, all 512 dims) through 2 KB of shared memory `sw`: whole
+// Q A-fragments of an S warp (heads hl0 .. hl0 + 15, dims d0 .. d0 + 16 kKSteps - 1) through 2 KB of shared memory
+// `sw` (the S warps' Q loads are done before any of them writes P or partials: kWsBarSxFree after the load): whole
 // 128-byte rows by 16-byte loads (8 lanes per row), written into sw (16-byte piece k of row r at k ^ (r & 7)) and read
 // back as A-fragments by ldmatrix, 64 dims at a time. Why: the SM moves global data at a rate per 32-byte sector
 // however full (an inference of H100 run 52), and the 4-byte fragment loads of m64_load_q fill half sectors: a
@@ -86,16 +97,17 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 // Every load is issued before the first store (the raw rows wait in qf: chunk c's 64 dims in qf[4 c .. 4 c + 3],
 // which its ldmatrix results then replace). Rows need 16-byte alignment (strides multiples of 8 elements, 16-byte
 // aligned base), else m64_load_q.
-__device__ __forceinline__ void ws_load_q(const SparseDecodeParams& p, uint32_t (&qf)[kDim / 16][4], int64_t bi,
-                                          int64_t si, int hl0, int h_end, int lane, unsigned char* sw) {
+template <int kKSteps>
+__device__ __forceinline__ void ws_load_q(const SparseDecodeParams& p, uint32_t (&qf)[kKSteps][4], int64_t bi,
+                                          int64_t si, int hl0, int h_end, int d0, int lane, unsigned char* sw) {
   if (((p.q_stride_b | p.q_stride_s | p.q_stride_h) & 7) != 0 || ((uintptr_t)p.q & 15) != 0) {
-    m64_load_q<kDim / 16>(p, qf, bi, si, hl0 + (lane >> 2), h_end, 0, lane & 3);
+    m64_load_q<kKSteps>(p, qf, bi, si, hl0 + (lane >> 2), h_end, d0, lane & 3);
     return;
   }
-  const __nv_bfloat16* q = (const __nv_bfloat16*)p.q + bi * p.q_stride_b + si * p.q_stride_s;
+  const __nv_bfloat16* q = (const __nv_bfloat16*)p.q + bi * p.q_stride_b + si * p.q_stride_s + d0;
   const int k = lane & 7;
 #pragma unroll
-  for (int c = 0; c < kDim / 64; ++c)
+  for (int c = 0; c < kKSteps / 4; ++c)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int h = hl0 + 4 * j + (lane >> 3);
@@ -104,7 +116,7 @@ __device__ __forceinline__ void ws_load_q(const SparseDecodeParams& p, uint32_t 
       qf[4 * c + j][0] = v.x; qf[4 * c + j][1] = v.y; qf[4 * c + j][2] = v.z; qf[4 * c + j][3] = v.w;
     }
 #pragma unroll
-  for (int c = 0; c < kDim / 64; ++c) {
+  for (int c = 0; c < kKSteps / 4; ++c) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = 4 * j + (lane >> 3);
@@ -120,8 +132,16 @@ __device__ __forceinline__ void ws_load_q(const SparseDecodeParams& p, uint32_t 
   }
 }
 
+// MT: m16 tiles of heads per block (4: 64 heads; 2 / 1: 32 / 16, impl 6 / 7). With MT < 4 the 4 S warps split the dims
+// of S (warp w: m16 tile w % MT, dims [128 MT (w / MT), +128 MT)) and the warps w / MT > 0 hand their partials to the
+// warps w / MT = 0 (softmax) through the P region's tail (see kWsSmemP); the P V warps own MT m16 tiles of O.
+template <int MT>
 __global__ void __launch_bounds__(kWsThreads, 1)
 sparse_decode_ws_kernel(const SparseDecodeParams p) {
+  static_assert(MT == 4 || MT == 2 || MT == 1, "m16 tiles per block: 4, 2 or 1");
+  constexpr int kHeads = 16 * MT;               // heads per block
+  constexpr int kSDims = kDim * MT / kWsSWarps; // dims of S per S warp: 512 / 256 / 128
+  constexpr int kSKSteps = kSDims / 16;
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
   pdl_wait();                // inputs written by the previous kernel of the stream are visible
@@ -137,14 +157,18 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   float* Sf = Inv + kM64Heads;
   int* Ix = (int*)(Sf + kM64Heads);
   constexpr int kTileKV = kM64Tok * kKPitch;   // bf16 elements per K/V buffer
-  constexpr int kTileP = kM64Heads * kPPitch;  // bf16 elements per P buffer
+  constexpr int kTileP = kHeads * kPPitch;     // bf16 elements per P buffer
+  // MT < 4: the partial S of the warps w / MT > 0, (4 - MT) of them, 16 rows of kSxPitch floats each, after the two P
+  // buffers: 2 x 16 MT x kPPitch bf16 + (4 - MT) x 16 x kSxPitch floats = 10240 B = kWsSmemP for every MT
+  float* const Sx = (float*)(Pb + 2 * kTileP);
+  static_assert(2 * kTileP * 2 + (4 - MT) * 16 * kSxPitch * 4 <= kWsSmemP, "P buffers + S partials: the P region");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int head_blocks = (int)((p.h_q + kM64Heads - 1) / kM64Heads);
+  const int head_blocks = (int)((p.h_q + kHeads - 1) / kHeads);
   const int64_t row = blockIdx.x / head_blocks;
-  const int h0 = (int)(blockIdx.x - row * head_blocks) * kM64Heads;
-  const int h_end = (int)min((int64_t)h0 + kM64Heads, p.h_q);
+  const int h0 = (int)(blockIdx.x - row * head_blocks) * kHeads;
+  const int h_end = (int)min((int64_t)h0 + kHeads, p.h_q);
   const int64_t bi = row / p.s_q, si = row - bi * p.s_q;
   const int split = blockIdx.z;
   const int64_t total = p.topk + p.extra_topk;
@@ -154,14 +178,16 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 
   if (warp >= kWsPvWarps) {
     // ================= S warps: S = Q K^T and the online softmax of heads 16 mq .. 16 mq + 15 =================
-    ws_setmaxnreg<kWsSRegs, true>();
-    const int mq = warp - kWsPvWarps;
-    uint32_t qf[kDim / 16][4];   // A-fragments: heads h0 + 16 mq + g (+8), dims 16 ks + 2 t4 (+8)
-    // through 2 KB of the P buffers per S warp: nothing else touches them before this warp writes P of tile 0
-    ws_load_q(p, qf, bi, si, h0 + mq * 16, h_end, lane, (unsigned char*)Pb + mq * 2048);
+    if constexpr (MT == 4) ws_setmaxnreg<kWsSRegs, true>();
+    const int sw = warp - kWsPvWarps, mq = MT == 4 ? sw : sw % MT, kq = MT == 4 ? 0 : sw / MT;
+    uint32_t qf[kSKSteps][4];   // A-fragments: heads h0 + 16 mq + g (+8), dims kSDims kq + 16 ks + 2 t4 (+8)
+    // through 2 KB of the P region per S warp; the P rows and partials of other S warps overlap it, hence the barrier
+    // (until run 53 the 64-head kernel relied on P of tile 0 coming two global round trips after the Q loads)
+    ws_load_q<kSKSteps>(p, qf, bi, si, h0 + mq * 16, h_end, kSDims * kq, lane, (unsigned char*)Pb + sw * 2048);
+    named_bar_sync(kWsBarSxFree, 32 * kWsSWarps);   // every S warp's Q is out of the P region
     // the sink values of the rows' final factors, loaded here while the first tile is staged (lane t4 = 0 reads them
     // in m64_store_final; as registers of the PV warps, who used to apply them, they made ptxas spill, run 50)
-    if (t4 == 0) {
+    if (kq == 0 && t4 == 0) {
       const int hl = h0 + mq * 16 + g, hh = hl + 8;
       const bool with_sink = p.num_splits == 1 && p.attn_sink != nullptr;
       Sf[mq * 16 + g] = with_sink && hl < h_end ? p.attn_sink[hl] : 0.f;
@@ -178,9 +204,9 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
       // B-fragments: ldmatrix.x4 = 2 k-steps of one n-tile (tokens 8 j ..), lane row (lane & 7) + 8 j
-      const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + 8 * (lane >> 3);
+      const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + kSDims * kq + 8 * (lane >> 3);
 #pragma unroll
-      for (int ks = 0; ks < kDim / 16; ks += 2) {
+      for (int ks = 0; ks < kSKSteps; ks += 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t b[4];
@@ -189,18 +215,47 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
           mma_bf16_16816(sacc[j], qf[ks + 1], b + 2);
         }
       }
+      if constexpr (MT < 4) {
+        // partials: warps kq > 0 write theirs (after the softmax warps have read the previous tile's: SxFree) and
+        // go on to the next tile; the softmax warps add them in kq order (the same order on every launch)
+        float* const sxw = Sx + ((kq - 1) * MT + mq) * 16 * kSxPitch;
+        if (kq > 0) {
+          if (it > 0) named_bar_sync(kWsBarSxFree, 32 * kWsSWarps);
+          float* sx = sxw + g * kSxPitch + 2 * t4;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            *(float2*)(sx + 8 * j) = make_float2(sacc[j][0], sacc[j][1]);
+            *(float2*)(sx + 8 * kSxPitch + 8 * j) = make_float2(sacc[j][2], sacc[j][3]);
+          }
+          named_bar_arrive(kWsBarSxFull, 32 * kWsSWarps);
+          continue;
+        }
+        named_bar_sync(kWsBarSxFull, 32 * kWsSWarps);
+#pragma unroll
+        for (int r = 0; r < kWsSWarps / MT - 1; ++r) {
+          const float* sx = Sx + (r * MT + mq) * 16 * kSxPitch + g * kSxPitch + 2 * t4;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 lo = *(const float2*)(sx + 8 * j);
+            const float2 hi = *(const float2*)(sx + 8 * kSxPitch + 8 * j);
+            sacc[j][0] += lo.x; sacc[j][1] += lo.y; sacc[j][2] += hi.x; sacc[j][3] += hi.y;
+          }
+        }
+        if (it + 1 < ntiles) named_bar_arrive(kWsBarSxFree, 32 * kWsSWarps);
+      }
       m64_softmax_tile(sacc, vf, scale2, m_lo, m_hi, l_lo, l_hi, Pb + buf * kTileP, Ab + buf * kM64Heads, mq * 16 + g,
                        t4);
-      named_bar_arrive(kWsBarPReady + buf, kWsThreads);   // P, alpha of tile it in buffer buf
+      named_bar_arrive(kWsBarPReady + buf, kWsThreads - 32 * (kWsSWarps - MT));   // P, alpha of tile it in buffer buf
     }
-    m64_store_final(m_lo, m_hi, l_lo, l_hi, Sf, p.num_splits == 1, p.attn_sink != nullptr, Mf, Lf, Lse, Inv,
-                    mq * 16 + g, t4);
+    if (kq == 0)
+      m64_store_final(m_lo, m_hi, l_lo, l_hi, Sf, p.num_splits == 1, p.attn_sink != nullptr, Mf, Lf, Lse, Inv,
+                      mq * 16 + g, t4);
     __syncthreads();   // E: each row's final m, l (lse, factor) visible to the PV warps, which store the output
     return;
   }
 
   // ================= PV warps: gather, dequantisation, O = O * alpha + P V, epilogue =================
-  ws_setmaxnreg<kWsPvRegs, false>();
+  if constexpr (MT == 4) ws_setmaxnreg<kWsPvRegs, false>();
   int64_t main_lim, extra_lim;
   slot_limits(p, bi, &main_lim, &extra_lim);
   // cp.async of one tile's raw rows into the staging area (kernel_mma64.cuh's m64_stage_rows)
@@ -294,22 +349,22 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 
   for (int64_t it = 0; it < ntiles; ++it) {
     const int buf = (int)(it & 1);
-    named_bar_sync(kWsBarPReady + buf, kWsThreads);   // P, alpha of tile it
+    named_bar_sync(kWsBarPReady + buf, kWsThreads - 32 * (kWsSWarps - MT));   // P, alpha of tile it
     const __nv_bfloat16* Ks = Kb + buf * kTileKV;
     const __nv_bfloat16* Ps = Pb + buf * kTileP;
-    m64_rescale_o<4>(acc, Ab + buf * kM64Heads, g);
+    m64_rescale_o<MT>(acc, Ab + buf * kM64Heads, g);
 #pragma unroll
     for (int kk = 0; kk < kM64Tok; kk += 16) {
       uint32_t pa[4][4];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) ldmatrix_x4(pa[m], Ps + (m * 16 + (lane & 15)) * kPPitch + kk + 8 * (lane >> 4));
+      for (int m = 0; m < MT; ++m) ldmatrix_x4(pa[m], Ps + (m * 16 + (lane & 15)) * kPPitch + kk + 8 * (lane >> 4));
       const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kKPitch + 64 * warp + 8 * (lane >> 4);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t bb[4];
         ldmatrix_x4_trans(bb, vrow + 16 * np);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
+        for (int m = 0; m < MT; ++m) {
           mma_bf16_16816(acc[m][2 * np], pa[m], bb);
           mma_bf16_16816(acc[m][2 * np + 1], pa[m], bb + 2);
         }
@@ -326,7 +381,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   auto final_of = [&](int, int, int r) {
     return p.num_splits == 1 ? RowFinal{Lse[r], Inv[r]} : finalize_row(Mf[r], Lf[r], false, 0.f);
   };
-  m64_store_rows<4, true>(p, acc, final_of, row, bi, si, split, h0, h_end, warp, g, t4, smem);
+  m64_store_rows<MT, true>(p, acc, final_of, row, bi, si, split, h0, h_end, warp, g, t4, smem);
 }
 
 }  // namespace dsv4

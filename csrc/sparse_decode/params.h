@@ -57,7 +57,8 @@ typedef struct SparseDecodeParams {
   double softmax_scale;
   int64_t impl;             // 0: SIMT kernel (16 heads/block), 1: mma.sync kernel (32 heads/block),
                             // 2: mma64 kernel (64 heads/block), 3 / 4: mma64 kernel with 32 / 16 heads/block,
-                            // 5: warp-specialised 64-head kernel (kernel_ws.cuh)
+                            // 5: warp-specialised 64-head kernel (kernel_ws.cuh), 6 / 7: the same with 32 / 16
+                            //    heads/block
 } SparseDecodeParams;
 
 #ifdef __cplusplus

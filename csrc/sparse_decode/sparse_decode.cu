@@ -26,8 +26,10 @@ static cudaError_t ensure_smem_attr() {
     e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
     if (e != cudaSuccess) return e;
   }
-  e = cudaFuncSetAttribute(sparse_decode_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
-  if (e != cudaSuccess) return e;
+  for (auto k : {sparse_decode_ws_kernel<4>, sparse_decode_ws_kernel<2>, sparse_decode_ws_kernel<1>}) {
+    e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
+    if (e != cudaSuccess) return e;
+  }
   int major = 0;
   e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e != cudaSuccess) return e;
@@ -45,12 +47,16 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   if (e != cudaSuccess) return e;
   const bool pdl = (g_pdl_ok.load(std::memory_order_acquire) >> (dev & 63)) & 1ull;
   const int64_t rows = p.b * p.s_q;
-  if (p.impl == 5) {
-    // warp-specialised 64-head block (kernel_ws.cuh; 384 threads): grid as impl 2's
-    const int64_t head_blocks = (p.h_q + kM64Heads - 1) / kM64Heads;
+  if (p.impl >= 5 && p.impl <= 7) {
+    // warp-specialised block (kernel_ws.cuh; 384 threads), 64 / 32 / 16 heads (MT = 4 / 2 / 1): grid as impl 2-4's
+    const int64_t hpb = p.impl == 7 ? kM64Heads / 4 : p.impl == 6 ? kM64Heads / 2 : kM64Heads;
+    const int64_t head_blocks = (p.h_q + hpb - 1) / hpb;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
-    e = launch_kernel(sparse_decode_ws_kernel, dim3((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits),
-                      kWsThreads, kWsSmemBytes, pdl, stream, p);
+    e = launch_kernel(p.impl == 7   ? sparse_decode_ws_kernel<1>
+                      : p.impl == 6 ? sparse_decode_ws_kernel<2>
+                                    : sparse_decode_ws_kernel<4>,
+                      dim3((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits), kWsThreads, kWsSmemBytes, pdl,
+                      stream, p);
   } else if (p.impl >= 2 && p.impl <= 4) {
     // grid.x = row * head_blocks + head block (the head blocks of a row are adjacent: shared K rows hit L2);
     // impl 3 / 4: 32 / 16 heads per block (the kernel's MT = 2 / 1)

@@ -40,13 +40,16 @@ TOKEN_BYTES = 584
 TOK_TILE = 32          # kTokTile (kernel.cuh) = kM64Tok (kernel_mma64.cuh)
 # heads per block: kHeadTile (kernel.cuh) / kMmaHeads (kernel_mma.cuh) / kM64Heads (kernel_mma64.cuh)
 # ("mma64h32" / "mma64h16": the mma64 kernel with 32 / 16 heads per block, see mma64_launch)
-HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64, "mma64h32": 32, "mma64h16": 16, "mma64ws": 64}
-IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3, "mma64h16": 4, "mma64ws": 5}     # SparseDecodeParams.impl
+HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64, "mma64h32": 32, "mma64h16": 16, "mma64ws": 64, "mma64wsh32": 32,
+             "mma64wsh16": 16}
+IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3, "mma64h16": 4, "mma64ws": 5, "mma64wsh32": 6,
+             "mma64wsh16": 7}     # SparseDecodeParams.impl
 MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at the C ABI
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
-#   "auto"  (default) mma64 for every h_q; its 64-head launches with >= 4 tiles per block run the
-#           warp-specialised kernel "mma64ws" (run 50: 0.84-0.90x the 8-warp kernel's time on the H100)
-#           unless DSV4_SPARSE_DECODE_WS=0. On the H100 (docs/sparse_decode.md, runs 5, 9 and 25) mma64
+#   "auto"  (default) mma64 for every h_q; its launches with >= 4 tiles per block run the warp-specialised
+#           kernel of their heads per block, "mma64ws" / "mma64wsh32" / "mma64wsh16" (H100: run 50, 64 heads,
+#           0.84-0.90x the 8-warp kernel's time; run 53, 32 / 16 heads, 0.83-0.92x), unless
+#           DSV4_SPARSE_DECODE_WS=0. On the H100 (docs/sparse_decode.md, runs 5, 9 and 25) mma64
 #           is ~3x faster than mma at b >= 32, 1.2-2x at b = 1, and faster at h_q 16/32 too (run 25 call 7,
 #           b=128 h_q=16: 58.8 vs 113.5 us; 47 us since 16-head blocks compute one m16 tile). SM120
 #           unmeasured: DSV4_SPARSE_DECODE_IMPL=mma is the way back.
@@ -56,14 +59,18 @@ MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at th
 #   "mma64h32" / "mma64h16" the same kernel with 32 / 16 heads/block for every shape (tests, comparisons)
 #   "mma64ws" the warp-specialised 64-head kernel (kernel_ws.cuh: 4 S / softmax warps holding Q, 8 PV warps
 #           holding O, working on consecutive tiles) for every shape, with the 64-head split count
-#           ("mma64" is the launch rule with the 8-warp kernel for 64-head launches too)
+#           ("mma64" is the launch rule with the 8-warp kernel for every launch)
+#   "mma64wsh32" / "mma64wsh16" the warp-specialised kernel with 32 / 16 heads/block for every shape
 #   "mma"   mma.sync, 32 heads/block
 #   "simt"  the first fp32-FMA kernel
 import os as _os
 IMPL = _os.environ.get("DSV4_SPARSE_DECODE_IMPL", "auto").lower()
-# "auto" runs its 64-head launches on the warp-specialised kernel (read once at import; "0": the 8-warp one)
-WS64 = _os.environ.get("DSV4_SPARSE_DECODE_WS", "1") != "0"
-WS_MIN_TILES = 4       # 32-token tiles per block from which "auto" takes the warp-specialised kernel (launch_64)
+# "auto" runs its launches of >= WS_MIN_TILES tiles per block on the warp-specialised kernel (read once at import;
+# "0": the 8-warp one)
+WS = _os.environ.get("DSV4_SPARSE_DECODE_WS", "1") != "0"
+WS_MIN_TILES = 4       # 32-token tiles per block from which "auto" takes the warp-specialised kernel (launch_kernel)
+M64_KERNEL = {64: "mma64", 32: "mma64h32", 16: "mma64h16"}     # the 8-warp kernel per heads per block
+WS_KERNEL = {64: "mma64ws", 32: "mma64wsh32", 16: "mma64wsh16"}  # the warp-specialised one
 if IMPL not in HEAD_TILE and IMPL != "auto":
     import warnings as _warnings
     _warnings.warn(f"{OP}: DSV4_SPARSE_DECODE_IMPL={IMPL!r} is not one of "
@@ -80,13 +87,15 @@ def resolve_impl(h_q: int, impl: Optional[str] = None) -> str:
     return impl
 
 
-def launch_64(requested: str, split_tokens: int) -> str:
-    """The kernel of a 64-head mma64 launch: the warp-specialised one for "auto" when each block has at least
-    WS_MIN_TILES tiles (unless DSV4_SPARSE_DECODE_WS=0), else the 8-warp one, which "mma64" by name always takes.
-    H100, run 50 (docs/sparse_decode.md): 0.84-0.90x the 8-warp kernel's time at the same launch shape on all 48
-    such shapes of b 2-256 (4-5 tiles per block and more), 1.04x with 3 tiles (an earlier variant): the block
-    fills its two-tile pipeline before its S and PV warps overlap."""
-    return "mma64ws" if requested == "auto" and WS64 and split_tokens >= WS_MIN_TILES * TOK_TILE else "mma64"
+def launch_kernel(hpb: int, requested: str, split_tokens: int) -> str:
+    """The kernel of an mma64 launch of hpb heads per block: the warp-specialised one for "auto" when each block has
+    at least WS_MIN_TILES tiles (unless DSV4_SPARSE_DECODE_WS=0), else the 8-warp one, which "mma64" by name always
+    takes. H100: run 50, 64 heads: 0.84-0.90x the 8-warp kernel's time at the same launch shape on all 48 such shapes
+    of b 2-256 (4-5 tiles per block and more), 1.04x with 3 tiles (an earlier variant): the block fills its two-tile
+    pipeline before its S and PV warps overlap; run 53, 32 / 16 heads: 0.83-0.92x on every shape that takes it (9-80
+    tiles per block), the same threshold (docs/sparse_decode.md)."""
+    ws = requested == "auto" and WS and split_tokens >= WS_MIN_TILES * TOK_TILE
+    return (WS_KERNEL if ws else M64_KERNEL)[hpb]
 
 
 def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
@@ -250,7 +259,7 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
     num_sms = _sm_count(dev)
     if impl == "mma64":   # heads per block and split count chosen together
         hpb, splits, split_tokens = mma64_launch(b, s_q, h_q, topk + extra_topk, num_sms)
-        impl = {64: launch_64(requested, split_tokens), 32: "mma64h32", 16: "mma64h16"}[hpb]
+        impl = launch_kernel(hpb, requested, split_tokens)
     else:
         splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, num_sms, impl)
     if splits > 1:
