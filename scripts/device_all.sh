@@ -33,7 +33,7 @@ if [ "${DEVICE_TESTS:-1}" != 0 ]; then   # DEVICE_TESTS=0: benches only (a secon
     tail -15 "$work/pytest.log" | tee -a "$work/summary.log"
 fi
 
-ops=${*:-sparse_decode indexer_logits hc_prenorm fp4_moe}
+ops=${*:-sparse_decode sparse_decode_tp_heads indexer_logits hc_prenorm fp4_moe}
 for op in $ops; do
     [ -f "scripts/bench_$op.py" ] || { log "no bench for $op"; continue; }
     mkdir -p "$work/bench_$op"
