@@ -137,6 +137,22 @@ def load_triton_fallback(path):
     return mod
 
 
+def triton_fallback_call(tri, sets, b, s_q, h_q):
+    """SGLang's Triton fallback as SGLang calls it (one query position per row: q, indices and lengths flattened to
+    b * s_q rows, prepared once per input set) -> fn(set)."""
+    for a in sets:
+        a["tri_idx"] = a["indices"].reshape(b * s_q, 1, -1)
+        a["tri_eidx"] = a["extra_indices"].reshape(b * s_q, 1, -1)
+        a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
+        a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
+
+    def fn(a):
+        return tri.flash_mla_sparse_decode_triton(
+            a["q"].reshape(b * s_q, 1, h_q, 512), a["k_cache"], a["tri_idx"], a["tri_len"], a["attn_sink"], 512, None,
+            extra_k_cache=a["extra_k_cache"], extra_indices=a["tri_eidx"], extra_topk_length=a["tri_elen"])
+    return fn
+
+
 # At least this much work per graph replay: the graph's own launch (several us from the start event to the first
 # kernel) is then < 1 % of the time per call. Until 2026-11-25 a graph held 8 calls, which added ~0.8 us to every
 # call at b = 1 (8.7-8.8 -> 7.9 us with the same inputs, H100; docs/sparse_decode.md run 47); a decode step's
@@ -316,17 +332,7 @@ def main():
             except Exception as e:  # noqa: BLE001
                 r["torch_err"] = f"{type(e).__name__}: {e}"[:200]
         if tri is not None and b <= args.max_b_competitors:
-            def tri_fn(a, s_q=s_q, b=b, h_q=h_q):
-                q = a["q"].reshape(b * s_q, 1, h_q, 512)
-                return tri.flash_mla_sparse_decode_triton(
-                    q, a["k_cache"], a["tri_idx"], a["tri_len"], a["attn_sink"], 512, None,
-                    extra_k_cache=a["extra_k_cache"], extra_indices=a["tri_eidx"],
-                    extra_topk_length=a["tri_elen"])
-            for a in comp_sets:
-                a["tri_idx"] = a["indices"].reshape(b * s_q, 1, -1)
-                a["tri_eidx"] = a["extra_indices"].reshape(b * s_q, 1, -1)
-                a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
-                a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
+            tri_fn = triton_fallback_call(tri, comp_sets, b, s_q, h_q)
             try:
                 r["sgl_triton_us"], r["sgl_triton_mode"] = time_fn(tri_fn, comp_sets, max(5, args.reps // 4),
                                                                    min_graph_us=args.min_graph_us)

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from deepseek_v4_kernel.ops.sparse_decode import mma64_launch, sparse_decode, _sm_count  # noqa: E402
 from bench_sparse_decode import (MAIN_TOKENS, DecodeInputs, load_triton_fallback, measure_floors,  # noqa: E402
-                                 time_fn)
+                                 time_fn, triton_fallback_call)
 
 PADDED = 64   # SGLang's pad for n_local_heads <= 64 (0.5.20+ MqaAttentionBase._kernel_num_heads)
 
@@ -79,17 +79,7 @@ def main():
         r["floor_us"] = nbytes / bw * 1e6
         if tri is not None:
             comp = sets if len(sets) > 4 else sets[:2]
-            for a in comp:
-                a["tri_idx"] = a["indices"].reshape(b * s_q, 1, -1)
-                a["tri_eidx"] = a["extra_indices"].reshape(b * s_q, 1, -1)
-                a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
-                a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
-
-            def tri_fn(a, b=b, s_q=s_q):
-                return tri.flash_mla_sparse_decode_triton(
-                    a["q"].reshape(b * s_q, 1, PADDED, 512), a["k_cache"], a["tri_idx"], a["tri_len"], a["attn_sink"],
-                    512, None, extra_k_cache=a["extra_k_cache"], extra_indices=a["tri_eidx"],
-                    extra_topk_length=a["tri_elen"])
+            tri_fn = triton_fallback_call(tri, comp, b, s_q, PADDED)
             try:
                 r["triton_padded_us"], _ = time_fn(tri_fn, comp, max(5, args.reps // 4))
             except Exception as e:  # noqa: BLE001
