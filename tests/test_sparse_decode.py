@@ -166,16 +166,18 @@ def test_impl_codes_match_the_c_side():
 
 
 def test_launches_take_the_warp_specialised_kernel_under_auto(monkeypatch):
-    """"auto" runs the mma64 rule's launches with >= WS_MIN_TILES tiles per block on kernel_ws.cuh (impl 5 / 6 / 7
-    for 64 / 32 / 16 heads per block), "mma64" by name keeps the 8-warp kernel, and DSV4_SPARSE_DECODE_WS=0 (WS)
-    switches it off."""
-    assert sd.WS_MIN_TILES == 4
+    """"auto" runs the mma64 rule's launches with >= WS_MIN_TILES[heads per block] tiles per block on kernel_ws.cuh
+    (impl 5 / 6 / 7 for 64 / 32 / 16 heads per block), "mma64" by name keeps the 8-warp kernel, and
+    DSV4_SPARSE_DECODE_WS=0 (WS) switches it off."""
+    assert sd.WS_MIN_TILES == {64: 4, 32: 1, 16: 1}
     for hpb, ws, m64, code in [(64, "mma64ws", "mma64", 5), (32, "mma64wsh32", "mma64h32", 6),
                                (16, "mma64wsh16", "mma64h16", 7)]:
         assert sd.IMPL_CODE[ws] == code and sd.HEAD_TILE[ws] == hpb == sd.HEAD_TILE[m64]
         monkeypatch.setattr(sd, "WS", True)
         assert sd.launch_kernel(hpb, "auto", 640) == ws and sd.launch_kernel(hpb, "auto", 128) == ws
-        assert sd.launch_kernel(hpb, "auto", 96) == m64          # 3 tiles per block: the 8-warp kernel (run 50)
+        # 3 tiles per block: the 8-warp kernel for 64 heads (run 50), the warp-specialised one for 32 / 16 (run 53)
+        assert sd.launch_kernel(hpb, "auto", 96) == (m64 if hpb == 64 else ws)
+        assert sd.launch_kernel(hpb, "auto", 32) == (m64 if hpb == 64 else ws)
         assert sd.launch_kernel(hpb, "mma64", 640) == m64
         monkeypatch.setattr(sd, "WS", False)
         assert sd.launch_kernel(hpb, "auto", 640) == m64

@@ -46,10 +46,10 @@ IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3, "mma64h16": 4, "mma
              "mma64wsh16": 7}     # SparseDecodeParams.impl
 MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at the C ABI
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
-#   "auto"  (default) mma64 for every h_q; its launches with >= 4 tiles per block run the warp-specialised
-#           kernel of their heads per block, "mma64ws" / "mma64wsh32" / "mma64wsh16" (H100: run 50, 64 heads,
-#           0.84-0.90x the 8-warp kernel's time; run 53, 32 / 16 heads, 0.83-0.92x), unless
-#           DSV4_SPARSE_DECODE_WS=0. On the H100 (docs/sparse_decode.md, runs 5, 9 and 25) mma64
+#   "auto"  (default) mma64 for every h_q; its 16 / 32-head launches and its 64-head launches with >= 4 tiles
+#           per block run the warp-specialised kernel of their heads per block, "mma64ws" / "mma64wsh32" /
+#           "mma64wsh16" (H100: run 50, 64 heads, 0.84-0.90x the 8-warp kernel's time; run 53, 32 / 16 heads,
+#           0.83-0.97x), unless DSV4_SPARSE_DECODE_WS=0. On the H100 (docs/sparse_decode.md, runs 5, 9 and 25) mma64
 #           is ~3x faster than mma at b >= 32, 1.2-2x at b = 1, and faster at h_q 16/32 too (run 25 call 7,
 #           b=128 h_q=16: 58.8 vs 113.5 us; 47 us since 16-head blocks compute one m16 tile). SM120
 #           unmeasured: DSV4_SPARSE_DECODE_IMPL=mma is the way back.
@@ -65,10 +65,13 @@ MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at th
 #   "simt"  the first fp32-FMA kernel
 import os as _os
 IMPL = _os.environ.get("DSV4_SPARSE_DECODE_IMPL", "auto").lower()
-# "auto" runs its launches of >= WS_MIN_TILES tiles per block on the warp-specialised kernel (read once at import;
-# "0": the 8-warp one)
+# "auto" runs its launches of >= WS_MIN_TILES[heads per block] tiles per block on the warp-specialised kernel (read
+# once at import; "0": the 8-warp one)
 WS = _os.environ.get("DSV4_SPARSE_DECODE_WS", "1") != "0"
-WS_MIN_TILES = 4       # 32-token tiles per block from which "auto" takes the warp-specialised kernel (launch_kernel)
+# 32-token tiles per block from which "auto" takes the warp-specialised kernel (launch_kernel), per heads per block:
+# 64 heads from 4 (run 50: 1.04x slower with 3), 32 / 16 heads always (run 53 call 11: faster than the 8-warp kernel at
+# every launch shape of the sweep of a TP rank's heads, 1 tile per block included)
+WS_MIN_TILES = {64: 4, 32: 1, 16: 1}
 M64_KERNEL = {64: "mma64", 32: "mma64h32", 16: "mma64h16"}     # the 8-warp kernel per heads per block
 WS_KERNEL = {64: "mma64ws", 32: "mma64wsh32", 16: "mma64wsh16"}  # the warp-specialised one
 if IMPL not in HEAD_TILE and IMPL != "auto":
@@ -89,12 +92,12 @@ def resolve_impl(h_q: int, impl: Optional[str] = None) -> str:
 
 def launch_kernel(hpb: int, requested: str, split_tokens: int) -> str:
     """The kernel of an mma64 launch of hpb heads per block: the warp-specialised one for "auto" when each block has
-    at least WS_MIN_TILES tiles (unless DSV4_SPARSE_DECODE_WS=0), else the 8-warp one, which "mma64" by name always
-    takes. H100: run 50, 64 heads: 0.84-0.90x the 8-warp kernel's time at the same launch shape on all 48 such shapes
-    of b 2-256 (4-5 tiles per block and more), 1.04x with 3 tiles (an earlier variant): the block fills its two-tile
-    pipeline before its S and PV warps overlap; run 53, 32 / 16 heads: 0.83-0.92x on every shape that takes it (9-80
-    tiles per block), the same threshold (docs/sparse_decode.md)."""
-    ws = requested == "auto" and WS and split_tokens >= WS_MIN_TILES * TOK_TILE
+    at least WS_MIN_TILES[hpb] tiles (unless DSV4_SPARSE_DECODE_WS=0), else the 8-warp one, which "mma64" by name
+    always takes. H100: run 50, 64 heads: 0.84-0.90x the 8-warp kernel's time at the same launch shape on all 48 such
+    shapes of b 2-256 (4-5 tiles per block and more), 1.04x with 3 tiles (an earlier variant): the block fills its
+    two-tile pipeline before its S and PV warps overlap; run 53, 32 / 16 heads: 0.83-0.92x from 9 tiles per block,
+    and faster at every shape of the TP-rank sweep down to 1 tile per block (docs/sparse_decode.md)."""
+    ws = requested == "auto" and WS and split_tokens >= WS_MIN_TILES[hpb] * TOK_TILE
     return (WS_KERNEL if ws else M64_KERNEL)[hpb]
 
 
