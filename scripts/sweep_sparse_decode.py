@@ -73,7 +73,8 @@ def main():
                          "8-warp one, as auto runs them from 4 tiles per block")
     ap.add_argument("--ws", action="store_true",
                     help="time every point on the warp-specialised kernel of its heads per block (mma64ws / "
-                         "mma64wsh32 / mma64wsh16, runs 50 and 53), as auto runs them from 4 tiles per block")
+                         "mma64wsh32 / mma64wsh16, runs 50 and 53; auto: 64 heads from 4 tiles per block, 32 / 16 "
+                         "heads always)")
     ap.add_argument("--max-blocks-per-sm", type=int, default=3,
                     help="skip points whose grid has more than this many blocks per SM")
     args = ap.parse_args()
