@@ -142,6 +142,8 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   constexpr int kHeads = 16 * MT;               // heads per block
   constexpr int kSDims = kDim * MT / kWsSWarps; // dims of S per S warp: 512 / 256 / 128
   constexpr int kSKSteps = kSDims / 16;
+  // kWsBarPReady + j: the P V warps sync, the MT softmax S warps (w / MT = 0) arrive
+  constexpr int kPReadyThreads = kWsPvThreads + 32 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
   pdl_wait();                // inputs written by the previous kernel of the stream are visible
@@ -245,7 +247,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
       }
       m64_softmax_tile(sacc, vf, scale2, m_lo, m_hi, l_lo, l_hi, Pb + buf * kTileP, Ab + buf * kM64Heads, mq * 16 + g,
                        t4);
-      named_bar_arrive(kWsBarPReady + buf, kWsThreads - 32 * (kWsSWarps - MT));   // P, alpha of tile it in buffer buf
+      named_bar_arrive(kWsBarPReady + buf, kPReadyThreads);   // P, alpha of tile it in buffer buf
     }
     if (kq == 0)
       m64_store_final(m_lo, m_hi, l_lo, l_hi, Sf, p.num_splits == 1, p.attn_sink != nullptr, Mf, Lf, Lse, Inv,
@@ -349,7 +351,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 
   for (int64_t it = 0; it < ntiles; ++it) {
     const int buf = (int)(it & 1);
-    named_bar_sync(kWsBarPReady + buf, kWsThreads - 32 * (kWsSWarps - MT));   // P, alpha of tile it
+    named_bar_sync(kWsBarPReady + buf, kPReadyThreads);   // P, alpha of tile it
     const __nv_bfloat16* Ks = Kb + buf * kTileKV;
     const __nv_bfloat16* Ps = Pb + buf * kTileP;
     m64_rescale_o<MT>(acc, Ab + buf * kM64Heads, g);

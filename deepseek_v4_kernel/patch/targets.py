@@ -90,7 +90,7 @@ def sm120_sparse_decode_not_native(module) -> Tuple[bool, str]:
     return True, f"unknown SGLang SM120 backend {backend!r}"
 
 
-SM120_DISPATCHER = "sglang.kernels.ops.attention.flash_mla_sm120"   # 0.5.16+ (the row below)
+SM120_DISPATCHER = "sglang.kernels.ops.attention.flash_mla_sm120"   # 0.5.16+ (its row below reads it too)
 UNPADDED_HEADS_ENV = "DSV4_SPARSE_DECODE_UNPADDED_HEADS"           # "0": leave SGLang's decode q padding as it is
 
 
@@ -161,7 +161,7 @@ TARGETS: Tuple[Target, ...] = (
     ),
     # 0.5.16+: the same dispatcher moved to sglang.kernels.ops.attention (FlashInfer by default).
     Target(
-        op="sparse_decode", module="sglang.kernels.ops.attention.flash_mla_sm120", attr="flash_mla_with_kvcache_sm120",
+        op="sparse_decode", module=SM120_DISPATCHER, attr="flash_mla_with_kvcache_sm120",
         replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache_sm120",
         first="0.5.16", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
         callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
