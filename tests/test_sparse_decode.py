@@ -397,7 +397,9 @@ def _every_code_case(b, h_q, topk, page_size=64, seed=0):
     """Row i attends to one token t_i only (the other slots -1), so its output is that token's dequantised row,
     exactly (P = 1, bf16 values): the dequantisation checked bit for bit. The cache's NoPE bytes are written
     directly and run through every finite e4m3 code (0x7f / 0xff are NaN), subnormals included, with scale bytes
-    127 - 20 .. 127 + 10 (the results stay normal bf16 numbers); RoPE is random bf16."""
+    127 - 32 .. 127 + 10 (the results stay normal bf16 numbers), four of them fixed on an attended token (the edges
+    of run 55's bit-move dequantisation, 100 / 134, not kept; any kernel must get every scale right); RoPE is random
+    bf16."""
     from deepseek_v4_kernel.reference.sparse_decode import ROW, SROW, _raw_pages
 
     g = torch.Generator().manual_seed(seed)
@@ -406,7 +408,9 @@ def _every_code_case(b, h_q, topk, page_size=64, seed=0):
     nope = codes[torch.randperm(n_tok * 448, generator=g) % len(codes)].reshape(n_tok, 448)
     assert torch.unique(nope).numel() == len(codes)
     rope = (torch.randn(n_tok, 64, generator=g) * 4).bfloat16().view(torch.uint8).reshape(n_tok, 128)
-    scales = torch.randint(107, 138, (n_tok, 7), generator=g, dtype=torch.uint8)
+    scales = torch.randint(95, 138, (n_tok, 7), generator=g, dtype=torch.uint8)
+    tok = torch.randperm(n_tok, generator=g)[:b].to(torch.int32)
+    scales[tok[0], :4] = torch.tensor([99, 100, 134, 135], dtype=torch.uint8)   # attended, whatever the draw
     cache = pack_fp8_ds_mla(torch.ones(n_tok, 512), page_size)          # the layout; the bytes are replaced below
     raw = _raw_pages(cache)
     for t in range(n_tok):
@@ -414,7 +418,6 @@ def _every_code_case(b, h_q, topk, page_size=64, seed=0):
         raw[p, r * ROW: (r + 1) * ROW] = torch.cat([nope[t], rope[t]])
         raw[p, page_size * ROW + r * SROW: page_size * ROW + r * SROW + 7] = scales[t]
     idx = torch.full((b, 1, topk), -1, dtype=torch.int32)
-    tok = torch.randperm(n_tok, generator=g)[:b].to(torch.int32)
     idx[torch.arange(b), 0, torch.randint(0, topk, (b,), generator=g)] = tok
     q = torch.randn(b, 1, h_q, 512, generator=g).bfloat16()
     want = unpack_fp8_ds_mla(cache)[tok.long()]                         # float64 [b, 512]
