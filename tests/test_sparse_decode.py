@@ -20,6 +20,9 @@ from deepseek_v4_kernel.reference.sparse_decode import (pack_fp8_ds_mla, sparse_
 from deepseek_v4_kernel.ops import sparse_decode as sd
 from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
+# the tensor-core kernels by name (sd.IMPL_CODE): the 32-head one, the 8-warp mma64 family, the warp-specialised family
+TC_KERNELS = ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma64wsh16deep"]
+
 
 # ---------------------------------------------------------------- CPU
 def test_pack_roundtrip():
@@ -158,7 +161,10 @@ def test_impl_codes_match_the_c_side():
     for name in ("mma64wsh16", "mma64wsh32"):   # the warp-specialised kernel's MT = heads per block / 16
         mt = sd.HEAD_TILE[name] // 16
         assert re.search(rf"p\.impl == {sd.IMPL_CODE[name]}\s*\? sparse_decode_ws_kernel<{mt}>", launcher), name
-    assert re.search(r"p\.impl >= 5 && p\.impl <= 7", launcher)
+    # the deep-gather variant: MT = 1, kDeep = true
+    assert sd.HEAD_TILE["mma64wsh16deep"] == 16
+    assert re.search(rf"p\.impl == {sd.IMPL_CODE['mma64wsh16deep']}\s*\? sparse_decode_ws_kernel<1, true>", launcher)
+    assert re.search(rf"p\.impl >= 5 && p\.impl <= {max(sd.IMPL_CODE.values())}\)", launcher)
     # 64 heads: the swizzled K/V layout for split launches, the padded one without splits
     assert re.search(r"p\.num_splits > 1 \? sparse_decode_mma64_kernel<4, true>\s*: sparse_decode_mma64_kernel<4, false>",
                      launcher)
@@ -168,7 +174,8 @@ def test_impl_codes_match_the_c_side():
 def test_launches_take_the_warp_specialised_kernel_under_auto(monkeypatch):
     """"auto" runs the mma64 rule's launches with >= WS_MIN_TILES[heads per block] tiles per block on kernel_ws.cuh
     (impl 5 / 6 / 7 for 64 / 32 / 16 heads per block), "mma64" by name keeps the 8-warp kernel, and
-    DSV4_SPARSE_DECODE_WS=0 (WS) switches it off."""
+    DSV4_SPARSE_DECODE_WS=0 (WS) switches it off. (16 heads with the deep gather off: the next test.)"""
+    monkeypatch.setattr(sd, "DEEP", False)
     assert sd.WS_MIN_TILES == {64: 4, 32: 1, 16: 1}
     for hpb, ws, m64, code in [(64, "mma64ws", "mma64", 5), (32, "mma64wsh32", "mma64h32", 6),
                                (16, "mma64wsh16", "mma64h16", 7)]:
@@ -183,13 +190,32 @@ def test_launches_take_the_warp_specialised_kernel_under_auto(monkeypatch):
         assert sd.launch_kernel(hpb, "auto", 640) == m64
 
 
+def test_sixteen_head_launches_take_the_deep_gather_under_auto(monkeypatch):
+    """"auto" runs 16-head launches of >= DEEP_MIN_TILES tiles per block on the deep-gather variant (impl 8), shorter
+    ones on the two-buffer block; DSV4_SPARSE_DECODE_DEEP=0 (DEEP) keeps the two-buffer block, WS=0 the 8-warp
+    kernel, and 32 / 64-head launches never take it."""
+    assert sd.IMPL_CODE["mma64wsh16deep"] == 8 and sd.DEEP_MIN_TILES == 4
+    monkeypatch.setattr(sd, "WS", True)
+    monkeypatch.setattr(sd, "DEEP", True)
+    at, below = sd.DEEP_MIN_TILES * sd.TOK_TILE, (sd.DEEP_MIN_TILES - 1) * sd.TOK_TILE
+    assert sd.launch_kernel(16, "auto", at) == sd.launch_kernel(16, "auto", 2176) == "mma64wsh16deep"
+    assert sd.launch_kernel(16, "auto", below) == sd.launch_kernel(16, "auto", 32) == "mma64wsh16"
+    assert sd.launch_kernel(32, "auto", 640) == "mma64wsh32" and sd.launch_kernel(64, "auto", 640) == "mma64ws"
+    assert sd.launch_kernel(16, "mma64", 640) == "mma64h16"
+    monkeypatch.setattr(sd, "DEEP", False)
+    assert sd.launch_kernel(16, "auto", 640) == "mma64wsh16"
+    monkeypatch.setattr(sd, "DEEP", True)
+    monkeypatch.setattr(sd, "WS", False)
+    assert sd.launch_kernel(16, "auto", 640) == "mma64h16"
+
+
 def test_choose_splits_shapes_only():
     assert sd.choose_splits(1, 1, 64, 640, 132)[0] > 1            # b=1: split-KV
     assert sd.choose_splits(1024, 1, 64, 640, 132) == (1, 640)    # large b: one pass
     for args in [(1, 1, 8, 1, 132), (3, 4, 128, 8320, 188), (2, 1, 64, 33, 132)]:
         n, per = sd.choose_splits(*args)
         assert per % 32 == 0 and (n - 1) * per < args[3] <= n * per or args[3] <= per
-    for impl in ["simt", "mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "auto"]:
+    for impl in ["simt"] + TC_KERNELS + ["auto"]:
         for args in [(1, 1, 64, 640, 132), (8, 2, 128, 2176, 188), (1024, 1, 64, 640, 132), (2, 1, 96, 33, 132)]:
             n, per = sd.choose_splits(*args, impl=impl)
             assert 1 <= n <= sd.MAX_SPLITS and per % 32 == 0 and (n - 1) * per < max(args[3], 1) <= n * per
@@ -352,7 +378,7 @@ def test_gpu_vs_reference(name):
                                               (2, 26, 13), (2, 26, 26), (2, 40, 20), (2, 40, 40), (2, 64, 22),
                                               (2, 64, 32), (2, 64, 64), (1, 26, 5), (1, 26, 13), (1, 40, 20),
                                               (1, 26, 26), (1, 64, 64)])
-@pytest.mark.parametrize("impl", ["mma64", "mma64h16", "mma64ws", "mma64wsh16", "mma64wsh32"])
+@pytest.mark.parametrize("impl", ["mma64", "mma64h16", "mma64ws", "mma64wsh16", "mma64wsh32", "mma64wsh16deep"])
 def test_gpu_forced_split_counts(monkeypatch, impl, b, tiles, splits):
     """Every combine instance (kChunk 4 for <= 4 splits, 24 for 17..24, 16 otherwise: 25..64 splits take two
     to four rounds; each head row in one block, or in two when rows x h_q <= 128: the b = 1 cases) and the
@@ -374,7 +400,7 @@ def test_gpu_forced_split_counts(monkeypatch, impl, b, tiles, splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16"])
+@pytest.mark.parametrize("impl", TC_KERNELS)
 @pytest.mark.parametrize("name", ["h96_odd_heads", "h64_b1_split_len", "h128_b40_p256_noslit"])
 def test_gpu_impls_vs_reference(impl, name):
     """Each kernel explicitly (independent of DSV4_SPARSE_DECODE_IMPL): h_q not a multiple of 64,
@@ -426,7 +452,7 @@ def _every_code_case(b, h_q, topk, page_size=64, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma", "simt"])
+@pytest.mark.parametrize("impl", TC_KERNELS[1:] + ["mma", "simt"])
 @pytest.mark.parametrize("b", [2, 40])
 def test_gpu_dequantisation_bit_exact(monkeypatch, impl, b):
     """Every e4m3 code (subnormals included) and a range of scales, through each kernel, split (b = 2: 97 slots
@@ -514,7 +540,7 @@ def test_gpu_noncontiguous_q_indices_and_cache_dtype():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16"])
+@pytest.mark.parametrize("impl", TC_KERNELS)
 @pytest.mark.parametrize("layout", ["odd_head_stride", "base_off_by_one"])
 def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
     """q whose bf16 pairs are not 4-byte aligned (odd head stride, or a base one element off): the
@@ -535,7 +561,7 @@ def test_gpu_q_odd_strides_and_unaligned_base(impl, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16"])
+@pytest.mark.parametrize("impl", TC_KERNELS)
 def test_gpu_growing_scores_rescale(impl):
     """Scores that grow along the position list (ascending rows: the running max moves on every
     tile, the O rescale by alpha < 1 runs each time) or shrink (descending rows: alpha == 1 after
@@ -876,7 +902,7 @@ def _fuzz_call(seed):
         ibig = torch.full((b, s_q, topk, 2), -3, dtype=torch.int32, device="cuda")
         ibig[..., 1] = a["indices"]
         a["indices"] = ibig[..., 1]
-    impl = r.choice([None, None, "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma", "simt"])
+    impl = r.choice([None, None] + TC_KERNELS[1:] + ["mma", "simt"])
     sms = r.choice(SM_COUNTS)
     forced = None
     tiles = -(-positions // 32)

@@ -28,6 +28,12 @@
 // with every warp, then waits for them behind a short S and softmax, three block barriers per tile; here the PV
 // warps' gather of the next tiles overlaps the S warps' work (H100 run 53: 0.83-0.92x the 8-warp kernel's time on
 // every 16 / 32-head launch with >= 9 tiles per block). No setmaxnreg: 168 registers are enough for both kinds.
+// 16 heads with a deep gather ("mma64wsh16deep", impl 8; kDeep, H100 run 55): run 54's ablations say the 16 / 32-head
+// blocks gain nothing from running S(i + 1) next to P V(i) (no S or P V mma loop: 0.97-1.01x) and wait on the rows;
+// so here K/V buffer 1's space is a second staging area for good: one bf16 K/V tile, each tile runs dequantisation ->
+// S -> softmax -> P V in turn while the rows of the next two tiles are in flight (one before). H100: 0.89-0.92x the
+// two-buffer block's time with 10-68 tiles per block (b >= 64), 2-3 % slower with 3; 32-head blocks gained nothing
+// (0.97-1.02x), hence MT = 1 only, and "auto" takes it from DEEP_MIN_TILES tiles per block (ops/sparse_decode.py).
 // Not SM80 ISA: setmaxnreg (arch-specific targets only: ws_setmaxnreg).
 // Hand-offs (named barriers, count = producers' bar.arrive + consumers' bar.sync):
 //   kWsBarKReady + j (384): PV warps -> S warps, K/V buffer j holds its next tile (and its valid flags)
@@ -59,8 +65,8 @@ constexpr int kWsSmemP = 2 * kM64Heads * kPPitch * 2;            // 10240 B two 
 constexpr int kWsSmemAlpha = 2 * kM64Heads * 4;                  //   512 B two alpha vectors
 constexpr int kWsSmemValid = 2 * kM64Tok * 4;                    //   256 B valid flags per K/V buffer
 constexpr int kWsSmemML = 5 * kM64Heads * 4;                     //  1280 B final m, l, lse, factor, attn_sink
-constexpr int kWsSmemIdx = 2 * kM64Tok * 4;                      //   256 B raw slot indices of the next two tiles
-constexpr int kWsSmemBytes = kWsSmemStage + kWsSmemK + kWsSmemP + kWsSmemAlpha + kWsSmemValid + kWsSmemML + kWsSmemIdx;  // 97920 B
+constexpr int kWsSmemIdx = 4 * kM64Tok * 4;                      //   512 B raw slot indices of the next two (deep: four) tiles
+constexpr int kWsSmemBytes = kWsSmemStage + kWsSmemK + kWsSmemP + kWsSmemAlpha + kWsSmemValid + kWsSmemML + kWsSmemIdx;  // 98176 B
 static_assert(kWsSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
 static_assert(kWsPvThreads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
 static_assert(kWsSWarps * 16 == kM64Heads && kWsPvWarps * 64 == kDim, "warp roles cover the block");
@@ -135,10 +141,13 @@ __device__ __forceinline__ void ws_load_q(const SparseDecodeParams& p, uint32_t 
 // MT: m16 tiles of heads per block (4: 64 heads; 2 / 1: 32 / 16, impl 6 / 7). With MT < 4 the 4 S warps split the dims
 // of S (warp w: m16 tile w % MT, dims [128 MT (w / MT), +128 MT)) and the warps w / MT > 0 hand their partials to the
 // warps w / MT = 0 (softmax) through the P region's tail (see kWsSmemP); the P V warps own MT m16 tiles of O.
-template <int MT>
+// kDeep ("mma64wsh16deep", impl 8; MT = 1 only, see the file comment): one bf16 K/V buffer, the second one's space a
+// second staging area.
+template <int MT, bool kDeep = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
 sparse_decode_ws_kernel(const SparseDecodeParams p) {
   static_assert(MT == 4 || MT == 2 || MT == 1, "m16 tiles per block: 4, 2 or 1");
+  static_assert(!kDeep || MT == 1, "the deep gather is built for 16-head blocks (H100 run 55: 32-head ones gained nothing)");
   constexpr int kHeads = 16 * MT;               // heads per block
   constexpr int kSDims = kDim * MT / kWsSWarps; // dims of S per S warp: 512 / 256 / 128
   constexpr int kSKSteps = kSDims / 16;
@@ -200,8 +209,9 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     for (int64_t it = 0; it < ntiles; ++it) {
       const int buf = (int)(it & 1);
       named_bar_sync(kWsBarKReady + buf, kWsThreads);   // buffer buf holds tile it
-      const __nv_bfloat16* Ks = Kb + buf * kTileKV;
-      const int* vf = Vf + buf * kM64Tok;
+      const int kbuf = kDeep ? 0 : buf;   // deep: one K/V buffer
+      const __nv_bfloat16* Ks = Kb + kbuf * kTileKV;
+      const int* vf = Vf + kbuf * kM64Tok;
       float sacc[4][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
@@ -294,9 +304,10 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
       }
     }
   };
-  // raw slot index of tile t's token gn -> Ix[t % 2][gn] by a 4-byte cp.async committed with the rows of tile
-  // t - 1, so that no register holds it in flight (one did, and ptxas spilled it: the spill store waited for
-  // the load, ~1000 cycles per tile, run 50). A position beyond the split reads nothing; it resolves to -1.
+  // raw slot index of tile t's token gn -> Ix[t % 2][gn] (deep: Ix[t % 4]) by a 4-byte cp.async committed with the
+  // rows of tile t - 1 (deep: t - 2), so that no register holds it in flight (one did, and ptxas spilled it: the spill
+  // store waited for the load, ~1000 cycles per tile, run 50). A position beyond the split reads nothing; it resolves
+  // to -1.
   auto index_async = [&](int64_t t) {
     if (gj != 0) return;
     const int64_t pos = pos_begin + t * kM64Tok + gn;
@@ -308,7 +319,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
                          : p.extra_indices + bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s +
                                (pos - p.topk) * p.extra_idx_stride_k;
     }
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(Ix + (int)(t & 1) * kM64Tok + gn);
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(Ix + (int)(t & (kDeep ? 3 : 1)) * kM64Tok + gn);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(nb));
   };
   // tile t from the staging area into K/V buffer t % 2, handed to the S warps; then the copies of tile t + 1
@@ -324,35 +335,66 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     cp_async_commit();
   };
 
-  // tiles 0 and 1 fetched at once (both slot indices, then both tiles' rows): tile 0's raw rows in K/V buffer 1's
-  // space (nothing is in it before tile 1 is dequantised there), tile 1's in the staging area. Before run 52 tile 1's
-  // rows went out only after tile 0 was dequantised, one more global round trip before the first P V.
+  // tiles 0 and 1 fetched at once (both slot indices, then both tiles' rows). Not deep: tile 0's raw rows in K/V
+  // buffer 1's space (nothing is in it before tile 1 is dequantised there), tile 1's in the staging area (before run 52
+  // tile 1's rows went out only after tile 0 was dequantised, one more global round trip before the first P V). Deep:
+  // K/V buffer 1's space is the second staging area for good, tile k's rows in staging area k % 2; copy group G(k) =
+  // the rows of tile k + the slot indices of tile k + 2 (Ix slot (k + 2) % 4), committed for every k (empty or not).
   unsigned char* const ring1 = (unsigned char*)(Kb + kTileKV);
   const int raw0 = ntiles > 0 ? slot_load(p, bi, si, pos_begin + gn, pos_end) : -1;
   const int raw1 = ntiles > 1 ? slot_load(p, bi, si, pos_begin + kM64Tok + gn, pos_end) : -1;
-  if (ntiles > 0) m64_stage_rows(p, ring1, pos_begin, raw0, gn, gj, pos_end, main_lim, extra_lim);
-  cp_async_commit();
-  if (ntiles > 1) issue(pos_begin + kM64Tok, raw1);
-  if (ntiles > 2) index_async(2);
-  cp_async_commit();
+  if constexpr (kDeep) {
+    if (ntiles > 0) issue(pos_begin, raw0);
+    if (ntiles > 2) index_async(2);
+    cp_async_commit();
+    if (ntiles > 1) m64_stage_rows(p, ring1, pos_begin + kM64Tok, raw1, gn, gj, pos_end, main_lim, extra_lim);
+    if (ntiles > 3) index_async(3);
+    cp_async_commit();
+  } else {
+    if (ntiles > 0) m64_stage_rows(p, ring1, pos_begin, raw0, gn, gj, pos_end, main_lim, extra_lim);
+    cp_async_commit();
+    if (ntiles > 1) issue(pos_begin + kM64Tok, raw1);
+    if (ntiles > 2) index_async(2);
+    cp_async_commit();
+  }
   float acc[4][8][4];
 #pragma unroll
   for (int m = 0; m < 4; ++m)
 #pragma unroll
     for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
-  if (ntiles > 0) {
-    cp_async_wait<1>();
-    named_bar_sync(kWsBarPv, kWsPvThreads);    // every copy of tile 0 landed
-    dequant(0, ring1);
-    named_bar_sync(kWsBarPv, kWsPvThreads);    // K/V buffer 1's space is free for tile 1
-    named_bar_arrive(kWsBarKReady, kWsThreads);
+  if constexpr (!kDeep) {
+    if (ntiles > 0) {
+      cp_async_wait<1>();
+      named_bar_sync(kWsBarPv, kWsPvThreads);    // every copy of tile 0 landed
+      dequant(0, ring1);
+      named_bar_sync(kWsBarPv, kWsPvThreads);    // K/V buffer 1's space is free for tile 1
+      named_bar_arrive(kWsBarKReady, kWsThreads);
+    }
+    if (ntiles > 1) stage_next(1);
   }
-  if (ntiles > 1) stage_next(1);
 
   for (int64_t it = 0; it < ntiles; ++it) {
     const int buf = (int)(it & 1);
+    if constexpr (kDeep) {
+      // tile it: G(it) landed (G(it + 1) may still be in flight) and every P V warp is past P V(it - 1), the last
+      // reader of the K/V buffer (the S warps read it before P ready(it - 1)): dequantise tile it into it, hand it to
+      // the S warps, then fetch tile it + 2 into the staging area it came from
+      unsigned char* const rg = (it & 1) ? ring1 : ring;
+      cp_async_wait<1>();
+      named_bar_sync(kWsBarPv, kWsPvThreads);    // tile it's rows and tile it + 2's slot indices visible to all
+      dequant(0, rg);
+      named_bar_sync(kWsBarPv, kWsPvThreads);    // staging area rg free
+      named_bar_arrive(kWsBarKReady + buf, kWsThreads);
+      if (it + 2 < ntiles) {
+        const int64_t t2 = it + 2;
+        m64_stage_rows(p, rg, pos_begin + t2 * kM64Tok, Ix[(int)(t2 & 3) * kM64Tok + gn], gn, gj, pos_end, main_lim,
+                       extra_lim);
+      }
+      if (it + 4 < ntiles) index_async(it + 4);
+      cp_async_commit();
+    }
     named_bar_sync(kWsBarPReady + buf, kPReadyThreads);   // P, alpha of tile it
-    const __nv_bfloat16* Ks = Kb + buf * kTileKV;
+    const __nv_bfloat16* Ks = Kb + (kDeep ? 0 : buf) * kTileKV;
     const __nv_bfloat16* Ps = Pb + buf * kTileP;
     m64_rescale_o<MT>(acc, Ab + buf * kM64Heads, g);
 #pragma unroll
@@ -372,7 +414,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
         }
       }
     }
-    if (it + 2 < ntiles) stage_next(it + 2);
+    if (!kDeep && it + 2 < ntiles) stage_next(it + 2);
   }
   cp_async_wait<0>();
 

@@ -58,7 +58,7 @@ typedef struct SparseDecodeParams {
   int64_t impl;             // 0: SIMT kernel (16 heads/block), 1: mma.sync kernel (32 heads/block),
                             // 2: mma64 kernel (64 heads/block), 3 / 4: mma64 kernel with 32 / 16 heads/block,
                             // 5: warp-specialised 64-head kernel (kernel_ws.cuh), 6 / 7: the same with 32 / 16
-                            //    heads/block
+                            //    heads/block, 8: 16 heads/block with the deep gather (two staging areas)
 } SparseDecodeParams;
 
 #ifdef __cplusplus

@@ -26,7 +26,8 @@ static cudaError_t ensure_smem_attr() {
     e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kM64SmemBytes);
     if (e != cudaSuccess) return e;
   }
-  for (auto k : {sparse_decode_ws_kernel<4>, sparse_decode_ws_kernel<2>, sparse_decode_ws_kernel<1>}) {
+  for (auto k : {sparse_decode_ws_kernel<4>, sparse_decode_ws_kernel<2>, sparse_decode_ws_kernel<1>,
+                 sparse_decode_ws_kernel<1, true>}) {
     e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
     if (e != cudaSuccess) return e;
   }
@@ -47,12 +48,14 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   if (e != cudaSuccess) return e;
   const bool pdl = (g_pdl_ok.load(std::memory_order_acquire) >> (dev & 63)) & 1ull;
   const int64_t rows = p.b * p.s_q;
-  if (p.impl >= 5 && p.impl <= 7) {
-    // warp-specialised block (kernel_ws.cuh; 384 threads), 64 / 32 / 16 heads (MT = 4 / 2 / 1): grid as impl 2-4's
-    const int64_t hpb = p.impl == 7 ? kM64Heads / 4 : p.impl == 6 ? kM64Heads / 2 : kM64Heads;
+  if (p.impl >= 5 && p.impl <= 8) {
+    // warp-specialised block (kernel_ws.cuh; 384 threads), 64 / 32 / 16 heads (MT = 4 / 2 / 1; impl 8: 16 heads with
+    // the deep gather): grid as impl 2-4's
+    const int64_t hpb = p.impl >= 7 ? kM64Heads / 4 : p.impl == 6 ? kM64Heads / 2 : kM64Heads;
     const int64_t head_blocks = (p.h_q + hpb - 1) / hpb;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
-    e = launch_kernel(p.impl == 7   ? sparse_decode_ws_kernel<1>
+    e = launch_kernel(p.impl == 8   ? sparse_decode_ws_kernel<1, true>
+                      : p.impl == 7 ? sparse_decode_ws_kernel<1>
                       : p.impl == 6 ? sparse_decode_ws_kernel<2>
                                     : sparse_decode_ws_kernel<4>,
                       dim3((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits), kWsThreads, kWsSmemBytes, pdl,

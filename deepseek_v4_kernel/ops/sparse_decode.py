@@ -41,9 +41,9 @@ TOK_TILE = 32          # kTokTile (kernel.cuh) = kM64Tok (kernel_mma64.cuh)
 # heads per block: kHeadTile (kernel.cuh) / kMmaHeads (kernel_mma.cuh) / kM64Heads (kernel_mma64.cuh)
 # ("mma64h32" / "mma64h16": the mma64 kernel with 32 / 16 heads per block, see mma64_launch)
 HEAD_TILE = {"simt": 16, "mma": 32, "mma64": 64, "mma64h32": 32, "mma64h16": 16, "mma64ws": 64, "mma64wsh32": 32,
-             "mma64wsh16": 16}
+             "mma64wsh16": 16, "mma64wsh16deep": 16}
 IMPL_CODE = {"simt": 0, "mma": 1, "mma64": 2, "mma64h32": 3, "mma64h16": 4, "mma64ws": 5, "mma64wsh32": 6,
-             "mma64wsh16": 7}     # SparseDecodeParams.impl
+             "mma64wsh16": 7, "mma64wsh16deep": 8}     # SparseDecodeParams.impl
 MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at the C ABI
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
 #   "auto"  (default) mma64 for every h_q; its 16 / 32-head launches and its 64-head launches with >= 4 tiles
@@ -61,6 +61,8 @@ MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at th
 #           holding O, working on consecutive tiles) for every shape, with the 64-head split count
 #           ("mma64" is the launch rule with the 8-warp kernel for every launch)
 #   "mma64wsh32" / "mma64wsh16" the warp-specialised kernel with 32 / 16 heads/block for every shape
+#   "mma64wsh16deep" the 16-head warp-specialised kernel with the deep gather (one bf16 K/V tile, two staging areas;
+#           "auto" takes it for 16-head launches from DEEP_MIN_TILES tiles per block) for every shape
 #   "mma"   mma.sync, 32 heads/block
 #   "simt"  the first fp32-FMA kernel
 import os as _os
@@ -74,6 +76,12 @@ WS = _os.environ.get("DSV4_SPARSE_DECODE_WS", "1") != "0"
 WS_MIN_TILES = {64: 4, 32: 1, 16: 1}
 M64_KERNEL = {64: "mma64", 32: "mma64h32", 16: "mma64h16"}     # the 8-warp kernel per heads per block
 WS_KERNEL = {64: "mma64ws", 32: "mma64wsh32", 16: "mma64wsh16"}  # the warp-specialised one
+# 16-head launches of >= DEEP_MIN_TILES tiles per block run "mma64wsh16deep" under "auto" (read once at import;
+# DSV4_SPARSE_DECODE_DEEP=0: "mma64wsh16"). H100 run 55: 0.89-0.92x with 10-68 tiles per block, 2-3 % slower with 3
+# (the two-buffer block overlaps S of the next tile with P V of this one, which pays while the gather of a short block
+# is not yet the limit; docs/sparse_decode.md "Run 55")
+DEEP = _os.environ.get("DSV4_SPARSE_DECODE_DEEP", "1") != "0"
+DEEP_MIN_TILES = 4
 if IMPL not in HEAD_TILE and IMPL != "auto":
     import warnings as _warnings
     _warnings.warn(f"{OP}: DSV4_SPARSE_DECODE_IMPL={IMPL!r} is not one of "
@@ -96,8 +104,11 @@ def launch_kernel(hpb: int, requested: str, split_tokens: int) -> str:
     always takes. H100: run 50, 64 heads: 0.84-0.90x the 8-warp kernel's time at the same launch shape on all 48 such
     shapes of b 2-256 (4-5 tiles per block and more), 1.04x with 3 tiles (an earlier variant): the block fills its
     two-tile pipeline before its S and PV warps overlap; run 53, 32 / 16 heads: 0.83-0.92x from 9 tiles per block,
-    and faster at every shape of the TP-rank sweep down to 1 tile per block (docs/sparse_decode.md)."""
+    and faster at every shape of the TP-rank sweep down to 1 tile per block (docs/sparse_decode.md). 16 heads from
+    DEEP_MIN_TILES tiles per block: the deep-gather variant "mma64wsh16deep" (unless DSV4_SPARSE_DECODE_DEEP=0)."""
     ws = requested == "auto" and WS and split_tokens >= WS_MIN_TILES[hpb] * TOK_TILE
+    if ws and hpb == 16 and DEEP and split_tokens >= DEEP_MIN_TILES * TOK_TILE:
+        return "mma64wsh16deep"
     return (WS_KERNEL if ws else M64_KERNEL)[hpb]
 
 
