@@ -75,13 +75,17 @@ def main():
                     help="time every point on the warp-specialised kernel of its heads per block (mma64ws / "
                          "mma64wsh32 / mma64wsh16, runs 50 and 53; auto: 64 heads from 4 tiles per block, 32 / 16 "
                          "heads always)")
+    ap.add_argument("--deep", action="store_true",
+                    help="with --ws: the 16-head points on the deep-gather variant instead (mma64wsh16deep, run 55; "
+                         "auto takes it from DEEP_MIN_TILES tiles per block): the data a refit of the launch rule for it "
+                         "would need")
     ap.add_argument("--max-blocks-per-sm", type=int, default=3,
                     help="skip points whose grid has more than this many blocks per SM")
     args = ap.parse_args()
     if args.ws64 or args.ws:
         HPB_IMPL[64] = "mma64ws"
     if args.ws:
-        HPB_IMPL.update({32: "mma64wsh32", 16: "mma64wsh16"})
+        HPB_IMPL.update({32: "mma64wsh32", 16: "mma64wsh16deep" if args.deep else "mma64wsh16"})
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda", 0)
     num_sms = sd._sm_count(dev)
