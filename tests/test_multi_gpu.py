@@ -109,7 +109,8 @@ def test_sparse_decode_every_impl_on_the_second_gpu():
 
     a = _to_cuda(_case(b=3, s_q=2, h_q=64, topk=67, extra_topk=100, stride_pad=576, with_len=True,
                        with_extra_len=True, sink=True, seed=21), OTHER)
-    for impl in ("mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma64wsh16deep", "mma", "simt"):
+    for impl in ("mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma64wsh16deep", "mma",
+                 "simt"):
         out, lse = sd.sparse_decode(**a, impl=impl)
         torch.cuda.synchronize(1)
         assert out.device == torch.device(OTHER) and lse.device == torch.device(OTHER)

@@ -31,9 +31,10 @@
 // 16 heads with a deep gather ("mma64wsh16deep", impl 8; kDeep, H100 run 55): run 54's ablations say the 16 / 32-head
 // blocks gain nothing from running S(i + 1) next to P V(i) (no S or P V mma loop: 0.97-1.01x) and wait on the rows;
 // so here K/V buffer 1's space is a second staging area for good: one bf16 K/V tile, each tile runs dequantisation ->
-// S -> softmax -> P V in turn while the rows of the next two tiles are in flight (one before). H100: 0.89-0.92x the
-// two-buffer block's time with 10-68 tiles per block (b >= 64), 2-3 % slower with 3; 32-head blocks gained nothing
-// (0.97-1.02x), hence MT = 1 only, and "auto" takes it from DEEP_MIN_TILES tiles per block (ops/sparse_decode.py).
+// S -> softmax -> P V in turn while the rows of the next two tiles are in flight (one before). H100: 0.88-0.97x the
+// two-buffer block's time from 4 tiles per block (0.88-0.92x from 10), up to 3 % slower with 3; 32-head blocks gained
+// nothing (0.97-1.02x), hence MT = 1 only, and "auto" takes it from DEEP_MIN_TILES tiles per block
+// (ops/sparse_decode.py).
 // Not SM80 ISA: setmaxnreg (arch-specific targets only: ws_setmaxnreg).
 // Hand-offs (named barriers, count = producers' bar.arrive + consumers' bar.sync):
 //   kWsBarKReady + j (384): PV warps -> S warps, K/V buffer j holds its next tile (and its valid flags)
@@ -65,7 +66,7 @@ constexpr int kWsSmemP = 2 * kM64Heads * kPPitch * 2;            // 10240 B two 
 constexpr int kWsSmemAlpha = 2 * kM64Heads * 4;                  //   512 B two alpha vectors
 constexpr int kWsSmemValid = 2 * kM64Tok * 4;                    //   256 B valid flags per K/V buffer
 constexpr int kWsSmemML = 5 * kM64Heads * 4;                     //  1280 B final m, l, lse, factor, attn_sink
-constexpr int kWsSmemIdx = 4 * kM64Tok * 4;                      //   512 B raw slot indices of the next two (deep: four) tiles
+constexpr int kWsSmemIdx = 4 * kM64Tok * 4;                      //   512 B raw slot indices, next 2 (deep: 4) tiles
 constexpr int kWsSmemBytes = kWsSmemStage + kWsSmemK + kWsSmemP + kWsSmemAlpha + kWsSmemValid + kWsSmemML + kWsSmemIdx;  // 98176 B
 static_assert(kWsSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
 static_assert(kWsPvThreads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
@@ -147,7 +148,7 @@ template <int MT, bool kDeep = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
 sparse_decode_ws_kernel(const SparseDecodeParams p) {
   static_assert(MT == 4 || MT == 2 || MT == 1, "m16 tiles per block: 4, 2 or 1");
-  static_assert(!kDeep || MT == 1, "the deep gather is built for 16-head blocks (H100 run 55: 32-head ones gained nothing)");
+  static_assert(!kDeep || MT == 1, "the deep gather: 16-head blocks only (H100 run 55: 32-head ones gained nothing)");
   constexpr int kHeads = 16 * MT;               // heads per block
   constexpr int kSDims = kDim * MT / kWsSWarps; // dims of S per S warp: 512 / 256 / 128
   constexpr int kSKSteps = kSDims / 16;

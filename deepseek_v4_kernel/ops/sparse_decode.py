@@ -77,9 +77,9 @@ WS_MIN_TILES = {64: 4, 32: 1, 16: 1}
 M64_KERNEL = {64: "mma64", 32: "mma64h32", 16: "mma64h16"}     # the 8-warp kernel per heads per block
 WS_KERNEL = {64: "mma64ws", 32: "mma64wsh32", 16: "mma64wsh16"}  # the warp-specialised one
 # 16-head launches of >= DEEP_MIN_TILES tiles per block run "mma64wsh16deep" under "auto" (read once at import;
-# DSV4_SPARSE_DECODE_DEEP=0: "mma64wsh16"). H100 run 55: 0.89-0.92x with 10-68 tiles per block, 2-3 % slower with 3
-# (the two-buffer block overlaps S of the next tile with P V of this one, which pays while the gather of a short block
-# is not yet the limit; docs/sparse_decode.md "Run 55")
+# DSV4_SPARSE_DECODE_DEEP=0: "mma64wsh16"). H100 run 55 (docs/sparse_decode.md): 0.97x with 4 tiles per block,
+# 0.92-0.97x with 5-9, 0.88-0.92x with 10-68; with 3 tiles 0.985-1.03x (why was not measured), with 1-2 0.97-0.99x
+# (too little to set apart from the 3-tile loss), so those stay on the two-buffer block
 DEEP = _os.environ.get("DSV4_SPARSE_DECODE_DEEP", "1") != "0"
 DEEP_MIN_TILES = 4
 if IMPL not in HEAD_TILE and IMPL != "auto":
