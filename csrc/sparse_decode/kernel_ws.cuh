@@ -305,6 +305,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
       }
     }
   };
+  constexpr int kIxMask = kDeep ? 3 : 1;   // Ix slots: 2 (deep: 4)
   // raw slot index of tile t's token gn -> Ix[t % 2][gn] (deep: Ix[t % 4]) by a 4-byte cp.async committed with the
   // rows of tile t - 1 (deep: t - 2), so that no register holds it in flight (one did, and ptxas spilled it: the spill
   // store waited for the load, ~1000 cycles per tile, run 50). A position beyond the split reads nothing; it resolves
@@ -320,7 +321,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
                          : p.extra_indices + bi * p.extra_idx_stride_b + si * p.extra_idx_stride_s +
                                (pos - p.topk) * p.extra_idx_stride_k;
     }
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(Ix + (int)(t & (kDeep ? 3 : 1)) * kM64Tok + gn);
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(Ix + (int)(t & kIxMask) * kM64Tok + gn);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(nb));
   };
   // tile t from the staging area into K/V buffer t % 2, handed to the S warps; then the copies of tile t + 1
@@ -379,7 +380,9 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     if constexpr (kDeep) {
       // tile it: G(it) landed (G(it + 1) may still be in flight) and every P V warp is past P V(it - 1), the last
       // reader of the K/V buffer (the S warps read it before P ready(it - 1)): dequantise tile it into it, hand it to
-      // the S warps, then fetch tile it + 2 into the staging area it came from
+      // the S warps, then fetch tile it + 2 into the staging area it came from. stage_next's steps with other buffers;
+      // as one routine for both (review of run 55) the deep kernel's register allocation changed and it ran 1.0 %
+      // slower (median of 16 launch shapes, H100), so the two stay apart
       unsigned char* const rg = (it & 1) ? ring1 : ring;
       cp_async_wait<1>();
       named_bar_sync(kWsBarPv, kWsPvThreads);    // tile it's rows and tile it + 2's slot indices visible to all
@@ -388,8 +391,8 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
       named_bar_arrive(kWsBarKReady + buf, kWsThreads);
       if (it + 2 < ntiles) {
         const int64_t t2 = it + 2;
-        m64_stage_rows(p, rg, pos_begin + t2 * kM64Tok, Ix[(int)(t2 & 3) * kM64Tok + gn], gn, gj, pos_end, main_lim,
-                       extra_lim);
+        m64_stage_rows(p, rg, pos_begin + t2 * kM64Tok, Ix[(int)(t2 & kIxMask) * kM64Tok + gn], gn, gj, pos_end,
+                       main_lim, extra_lim);
       }
       if (it + 4 < ntiles) index_async(it + 4);
       cp_async_commit();
