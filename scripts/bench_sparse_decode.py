@@ -2,7 +2,8 @@
 """Benchmark the sparse FP8 MLA decode kernel (CUDA graphs, CUDA events, median of reps, rotating
 input sets) vs a torch GPU implementation (fp32 math) and SGLang 0.5.23's SM120 Triton fallback
 (flash_mla_sm120_triton.py from the 0.5.23 wheel that scripts/fetch_sglang_wheels.sh unpacks, or
---sglang-triton), plus the byte/FLOP floor from copy bandwidth and a bf16 matmul rate measured in
+--sglang-triton), and, where SGLang and FlashInfer's native SM120 sparse-MLA module import (an SGLang image on
+an SM120 GPU), SGLang's own dispatcher on its default FlashInfer path (column 'sgl-fi'), plus the byte/FLOP floor from copy bandwidth and a bf16 matmul rate measured in
 the same run, and the share of the mma.sync ceiling (scripts/mma_peak.cu, same run: the kernel's own
 instruction class; on an H100 the matmul rate is a wgmma rate). Writes JSON (+PNG) into --out.
 
@@ -137,19 +138,63 @@ def load_triton_fallback(path):
     return mod
 
 
-def triton_fallback_call(tri, sets, b, s_q, h_q):
-    """SGLang's Triton fallback as SGLang calls it (one query position per row: q, indices and lengths flattened to
-    b * s_q rows, prepared once per input set) -> fn(set)."""
+def _flatten_rows(sets, b, s_q):
+    """SGLang's call sites pass one query position per row: q, indices and lengths flattened to b * s_q rows
+    (prepared once per input set, outside the timed calls)."""
     for a in sets:
         a["tri_idx"] = a["indices"].reshape(b * s_q, 1, -1)
         a["tri_eidx"] = a["extra_indices"].reshape(b * s_q, 1, -1)
         a["tri_len"] = a["topk_length"].repeat_interleave(s_q)
         a["tri_elen"] = a["extra_topk_length"].repeat_interleave(s_q)
 
+
+def triton_fallback_call(tri, sets, b, s_q, h_q):
+    """SGLang's Triton fallback as SGLang calls it -> fn(set)."""
+    _flatten_rows(sets, b, s_q)
+
     def fn(a):
         return tri.flash_mla_sparse_decode_triton(
             a["q"].reshape(b * s_q, 1, h_q, 512), a["k_cache"], a["tri_idx"], a["tri_len"], a["attn_sink"], 512, None,
             extra_k_cache=a["extra_k_cache"], extra_indices=a["tri_eidx"], extra_topk_length=a["tri_elen"])
+    return fn
+
+
+FLASHINFER_DISPATCHERS = ("sglang.kernels.ops.attention.flash_mla_sm120",    # SGLang >= 0.5.16
+                          "sglang.srt.layers.attention.flash_mla_sm120")     # 0.5.13 .. 0.5.15.post1
+
+
+def load_flashinfer_dispatcher():
+    """SGLang's SM120 sparse-decode dispatcher as it runs by default where FlashInfer ships its native SM120 kernel
+    (flashinfer.mla._sparse_mla_sm120; backend "flashinfer", SGLANG_SM120_FLASHMLA_BACKEND unset): what an SGLang
+    image runs on SM120 without DSV4_KERNEL_PREFER=ours, the number that says whether that switch pays. SGLang's own
+    function even where our patch layer replaced it (its __dsv4_original__). Raises, with the reason, where it cannot
+    run: no SGLang or no FlashInfer SM120 module (e.g. this H100 machine), or another backend selected."""
+    importlib.import_module("flashinfer.mla._sparse_mla_sm120")
+    errors = []
+    for name in FLASHINFER_DISPATCHERS:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as e:
+            errors.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        backend = getattr(mod, "_sm120_default_backend", None)
+        if backend != "flashinfer":
+            raise RuntimeError(f"{name} runs backend {backend!r}, not 'flashinfer' (SGLANG_SM120_FLASHMLA_BACKEND)")
+        fn = mod.flash_mla_with_kvcache_sm120
+        return getattr(fn, "__dsv4_original__", fn)
+    raise ImportError("no SGLang SM120 dispatcher: " + "; ".join(errors))
+
+
+def flashinfer_call(fi, sets, b, s_q, h_q):
+    """SGLang's dispatcher (load_flashinfer_dispatcher) with the keywords of SGLang's call site
+    (deepseek_v4_backend; docs/sglang_surface.md) -> fn(set)."""
+    _flatten_rows(sets, b, s_q)
+
+    def fn(a):
+        return fi(q=a["q"].reshape(b * s_q, 1, h_q, 512), k_cache=a["k_cache"], head_dim_v=512, softmax_scale=None,
+                  indices=a["tri_idx"], topk_length=a["tri_len"], attn_sink=a["attn_sink"],
+                  extra_k_cache=a["extra_k_cache"], extra_indices_in_kvcache=a["tri_eidx"],
+                  extra_topk_length=a["tri_elen"])
     return fn
 
 
@@ -275,6 +320,12 @@ def main():
     except Exception as e:  # noqa: BLE001
         tri = None
         print(f"SGLang Triton fallback unavailable: {type(e).__name__}: {e}")
+    try:
+        fi = load_flashinfer_dispatcher()
+        print("SGLang's FlashInfer SM120 path: timed (column 'sgl-fi us')")
+    except Exception as e:  # noqa: BLE001
+        fi = None
+        print(f"SGLang's FlashInfer SM120 path unavailable (column 'sgl-fi us' n/a): {type(e).__name__}: {e}"[:300])
     gen = torch.Generator(device="cuda").manual_seed(0)
     pools = DecodeInputs(gen, args.rows_footprint_mb)
     cold = pools.cold
@@ -288,8 +339,9 @@ def main():
     if args.only:
         shapes = [tuple(int(x) for x in args.only.split(","))]
     rows = []
-    hdr = f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | {'ours us':>8} {'torch us':>9} {'sgl-tri us':>10} | " \
-          f"{'x torch':>8} {'x tri':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} {'%flops':>7} {'%mma':>6}" + \
+    hdr = f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | {'ours us':>8} {'torch us':>9} {'sgl-tri us':>10} " \
+          f"{'sgl-fi us':>10} | {'x torch':>8} {'x tri':>8} {'x fi':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} " \
+          f"{'%flops':>7} {'%mma':>6}" + \
           "".join(f" {i + ' us':>10}" for i in impls[1:]) + f" | {'sets':>4} {'warm us':>8}"
     print(f"ours = {impls[0]}; " + (
         f"KV rows cold: >= {args.rows_footprint_mb:g} MiB of rows per graph replay, q and indices shared (hot); "
@@ -338,6 +390,13 @@ def main():
                                                                    min_graph_us=args.min_graph_us)
             except Exception as e:  # noqa: BLE001
                 r["sgl_triton_err"] = f"{type(e).__name__}: {e}"[:200]
+        if fi is not None and b <= args.max_b_competitors:
+            try:
+                r["sgl_flashinfer_us"], r["sgl_flashinfer_mode"] = time_fn(
+                    flashinfer_call(fi, comp_sets, b, s_q, h_q), comp_sets, max(5, args.reps // 4),
+                    min_graph_us=args.min_graph_us)
+            except Exception as e:  # noqa: BLE001
+                r["sgl_flashinfer_err"] = f"{type(e).__name__}: {e}"[:200]
         r["pct_floor"] = 100 * floor_us / r["ours_us"]
         r["pct_bytes"] = 100 * nbytes / bw / (r["ours_us"] * 1e-6)
         r["pct_flops"] = 100 * nflops / flops_rate / (r["ours_us"] * 1e-6)
@@ -347,7 +406,8 @@ def main():
         f = lambda k: f"{r[k]:.1f}" if k in r else "n/a"  # noqa: E731
         xr = lambda k: f"{r[k] / r['ours_us']:.1f}x" if k in r else "n/a"  # noqa: E731
         print(f"{b:>5} {h_q:>4} {s_q:>3} {extra:>6} {r['splits']:>5} | {f('ours_us'):>8} {f('torch_us'):>9} "
-              f"{f('sgl_triton_us'):>10} | {xr('torch_us'):>8} {xr('sgl_triton_us'):>8} | {floor_us:>8.1f} "
+              f"{f('sgl_triton_us'):>10} {f('sgl_flashinfer_us'):>10} | {xr('torch_us'):>8} {xr('sgl_triton_us'):>8} "
+              f"{xr('sgl_flashinfer_us'):>8} | {floor_us:>8.1f} "
               f"{r['pct_floor']:>6.1f}% {r['pct_bytes']:>6.1f}% {r['pct_flops']:>6.1f}% "
               + (f"{r['pct_mma_sync']:>5.1f}%" if mma_rate else f"{'n/a':>6}")
               + "".join(f" {r['us_' + i]:>10.1f}" for i in impls[1:])

@@ -13,8 +13,8 @@ import os
 import pytest
 
 from deepseek_v4_kernel.patch import targets
-from sglang_env import (FLASH_MLA_LOADER_STUB, REPORT_JSON, flash_mla_dir, parse_report, run_child, sglang_dir,
-                        stand_in_deep_gemm)
+from sglang_env import (FLASH_MLA_LOADER_STUB, REPORT_JSON, ROOT, flash_mla_dir, parse_report, run_child,
+                        sglang_dir, stand_in_deep_gemm)
 
 FORCE = {"DSV4_KERNEL_FORCE": "1"}
 
@@ -110,6 +110,71 @@ def test_native_flashinfer_sm120_kernel_is_left_unless_preferred(version, tmp_pa
     assert row["status"] == "left" and "FlashInfer" in row["reason"], row
     rows = _import_and_report(version, [mod], {**FORCE, "DSV4_KERNEL_PREFER": "ours"}, extra_path=[str(tmp_path)])
     assert rows[f"{mod}.flash_mla_with_kvcache_sm120"]["status"] == "patched"
+
+
+# FlashInfer's native SM120 module as a CPU stand-in: records what SGLang's FlashInfer path passes it
+FAKE_FLASHINFER_SM120 = """
+_DECODE_MAX_TOKENS = 64
+CALLS = []
+def _sparse_mla_sm120_paged_attention(q, kv, idx, output, out_lse, softmax_scale, **kw):
+    CALLS.append(dict(q=tuple(q.shape), kv=tuple(kv.shape), idx=tuple(idx.shape), out=tuple(output.shape),
+                      scale=softmax_scale, d_v=kw["d_v"], topk_length=tuple(kw["topk_length"].shape),
+                      extra_idx=tuple(kw["extra_indices"].shape), extra_len=tuple(kw["extra_topk_length"].shape),
+                      sink=tuple(kw["attn_sink"].shape)))
+    output.fill_(1.0)
+"""
+
+
+@pytest.mark.parametrize("version", sorted(SM120_DISPATCH))
+def test_bench_times_sglangs_own_flashinfer_path(version, tmp_path):
+    """scripts/bench_sparse_decode.py's 'sgl-fi' competitor: SGLang's own dispatcher (not ours, even with
+    DSV4_KERNEL_PREFER=ours) on its FlashInfer path, called with the keywords and row layout of SGLang's call site
+    (b * s_q rows of one position); without FlashInfer's SM120 module it says so."""
+    fi = tmp_path / "flashinfer"
+    (fi / "mla").mkdir(parents=True)
+    (fi / "__init__.py").write_text("")
+    (fi / "mla" / "__init__.py").write_text("")
+    (fi / "mla" / "_sparse_mla_sm120.py").write_text(FAKE_FLASHINFER_SM120)
+    mod = SM120_DISPATCH[version]
+    code = f"""
+        import importlib, sys, torch
+        sys.path.insert(0, {os.path.join(ROOT, "scripts")!r})
+        import bench_sparse_decode as B
+        try:
+            fn = B.load_flashinfer_dispatcher()
+        except Exception as e:
+            print("UNAVAILABLE=" + type(e).__name__ + ": " + str(e))
+            raise SystemExit(0)
+        m = importlib.import_module({mod!r})
+        print("OURS_INSTALLED=" + str(hasattr(m.flash_mla_with_kvcache_sm120, "__dsv4_original__")))
+        print("SGLANGS_OWN=" + str(fn.__module__ == {mod!r} and not hasattr(fn, "__dsv4_original__")))
+        b, s_q, h, topk, extra = 2, 3, 64, 8, 16
+        cache = lambda pages: torch.zeros(pages, 64, 1, 584, dtype=torch.uint8)
+        a = dict(q=torch.randn(b, s_q, h, 512).bfloat16(), k_cache=cache(4), extra_k_cache=cache(8),
+                 indices=torch.zeros(b, s_q, topk, dtype=torch.int32), topk_length=torch.full((b,), topk),
+                 extra_indices=torch.zeros(b, s_q, extra, dtype=torch.int32), extra_topk_length=torch.full((b,), extra),
+                 attn_sink=torch.zeros(h))
+        out = B.flashinfer_call(fn, [a], b, s_q, h)(a)
+        from flashinfer.mla import _sparse_mla_sm120 as F
+        print("CALL=" + repr(F.CALLS))
+        print("OUT=" + repr(tuple(out[0].shape)) + " " + str(float(out[0].float().mean())))
+    """
+    env = {**FORCE, "DSV4_KERNEL_PREFER": "ours"}
+    r = run_child(code, path=[sglang_dir(version), str(tmp_path)], env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "OURS_INSTALLED=True" in r.stdout and "SGLANGS_OWN=True" in r.stdout, r.stdout + r.stderr
+    call = [line for line in r.stdout.splitlines() if line.startswith("CALL=")][0]
+    calls = eval(call[len("CALL="):])
+    assert len(calls) == 1, calls
+    c = calls[0]
+    assert c["q"] == (6, 64, 512) and c["idx"] == (6, 8) and c["extra_idx"] == (6, 16), c
+    assert c["topk_length"] == (6,) and c["extra_len"] == (6,) and c["sink"] == (64,), c
+    assert c["out"] == (6, 64, 512) and c["d_v"] == 512 and abs(c["scale"] - 512 ** -0.5) < 1e-12, c
+    assert "OUT=(6, 1, 64, 512) 1.0" in r.stdout, r.stdout
+    # without FlashInfer's SM120 module: unavailable, and the reason names it
+    r = run_child(code, path=[sglang_dir(version)], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "UNAVAILABLE=ModuleNotFoundError" in r.stdout and "flashinfer" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("version", sorted(SM120_DISPATCH))
