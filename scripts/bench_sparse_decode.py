@@ -3,9 +3,10 @@
 input sets) vs a torch GPU implementation (fp32 math) and SGLang 0.5.23's SM120 Triton fallback
 (flash_mla_sm120_triton.py from the 0.5.23 wheel that scripts/fetch_sglang_wheels.sh unpacks, or
 --sglang-triton), and, where SGLang and FlashInfer's native SM120 sparse-MLA module import (an SGLang image on
-an SM120 GPU), SGLang's own dispatcher on its default FlashInfer path (column 'sgl-fi'), plus the byte/FLOP floor from copy bandwidth and a bf16 matmul rate measured in
-the same run, and the share of the mma.sync ceiling (scripts/mma_peak.cu, same run: the kernel's own
-instruction class; on an H100 the matmul rate is a wgmma rate). Writes JSON (+PNG) into --out.
+an SM120 GPU), SGLang's own dispatcher on its default FlashInfer path (column 'sgl-fi'), plus the byte/FLOP
+floor from copy bandwidth and a bf16 matmul rate measured in the same run, and the share of the mma.sync ceiling
+(scripts/mma_peak.cu, same run: the kernel's own instruction class; on an H100 the matmul rate is a wgmma rate).
+Writes JSON (+PNG) into --out.
 
 Inputs as a decode step leaves them (default, --rows-footprint-mb 160): q, the indices and the lengths are one
 set of tensors shared by every call of a shape (hot in L2, as the q projection and the indexer's top-k write
@@ -339,9 +340,9 @@ def main():
     if args.only:
         shapes = [tuple(int(x) for x in args.only.split(","))]
     rows = []
-    hdr = f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | {'ours us':>8} {'torch us':>9} {'sgl-tri us':>10} " \
-          f"{'sgl-fi us':>10} | {'x torch':>8} {'x tri':>8} {'x fi':>8} | {'floor us':>8} {'%floor':>7} {'%bytes':>7} " \
-          f"{'%flops':>7} {'%mma':>6}" + \
+    hdr = f"{'b':>5} {'h':>4} {'sq':>3} {'extra':>6} {'split':>5} | {'ours us':>8} {'torch us':>9} " \
+          f"{'sgl-tri us':>10} {'sgl-fi us':>10} | {'x torch':>8} {'x tri':>8} {'x fi':>8} | {'floor us':>8} " \
+          f"{'%floor':>7} {'%bytes':>7} {'%flops':>7} {'%mma':>6}" + \
           "".join(f" {i + ' us':>10}" for i in impls[1:]) + f" | {'sets':>4} {'warm us':>8}"
     print(f"ours = {impls[0]}; " + (
         f"KV rows cold: >= {args.rows_footprint_mb:g} MiB of rows per graph replay, q and indices shared (hot); "
