@@ -29,6 +29,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from deepseek_v4_kernel.ops.sparse_decode import sparse_decode, choose_splits, _sm_count, resolve_impl, IMPL  # noqa: E402
+from deepseek_v4_kernel.patch.targets import TARGETS  # noqa: E402
 from bench_common import mma_sync_flops  # noqa: E402  (scripts/ is sys.path[0])
 
 
@@ -160,8 +161,9 @@ def triton_fallback_call(tri, sets, b, s_q, h_q):
     return fn
 
 
-FLASHINFER_DISPATCHERS = ("sglang.kernels.ops.attention.flash_mla_sm120",    # SGLang >= 0.5.16
-                          "sglang.srt.layers.attention.flash_mla_sm120")     # 0.5.13 .. 0.5.15.post1
+# SGLang's SM120 dispatcher module per version range, newest first: the patch table's rows for it (0.5.16+ and
+# 0.5.13 .. 0.5.15.post1), so that the two cannot drift
+FLASHINFER_DISPATCHERS = tuple(reversed([t.module for t in TARGETS if t.attr == "flash_mla_with_kvcache_sm120"]))
 
 
 def load_flashinfer_dispatcher():
