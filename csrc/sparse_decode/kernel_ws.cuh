@@ -59,7 +59,8 @@ constexpr int kWsSRegs = (kWsLaunchRegs * kWsThreads - kWsPvThreads * kWsPvRegs)
 static_assert(kWsSRegs == 184, "register split: PV warps 160, S warps 184");
 constexpr int kWsBarPv = 1, kWsBarKReady = 2, kWsBarPReady = 4;  // named barrier ids (0 = __syncthreads)
 constexpr int kWsBarSxFull = 6, kWsBarSxFree = 7;                // MT < 4: the S warps' partials (among the S warps)
-// shared memory (padded K/V rows of kKPitch bf16, as the unsplit mma64 kernel):
+// shared memory (64 heads: padded K/V rows of kKPitch bf16, as the unsplit mma64 kernel; 16 / 32 heads: swizzled rows of
+// kDim bf16 in the same space, see kSwz in the kernel):
 constexpr int kWsSmemStage = kM64StageBytes;                     // 18816 B raw rows, scales, flags of one tile
 constexpr int kWsSmemK = 2 * kM64Tok * kKPitch * 2;              // 66560 B two bf16 K/V tiles
 constexpr int kWsSmemP = 2 * kM64Heads * kPPitch * 2;            // 10240 B two P tiles (bf16, pitch 40)
@@ -67,7 +68,10 @@ constexpr int kWsSmemAlpha = 2 * kM64Heads * 4;                  //   512 B two 
 constexpr int kWsSmemValid = 2 * kM64Tok * 4;                    //   256 B valid flags per K/V buffer
 constexpr int kWsSmemML = 5 * kM64Heads * 4;                     //  1280 B final m, l, lse, factor, attn_sink
 constexpr int kWsSmemIdx = 4 * kM64Tok * 4;                      //   512 B raw slot indices, next 2 (deep: 4) tiles
-constexpr int kWsSmemBytes = kWsSmemStage + kWsSmemK + kWsSmemP + kWsSmemAlpha + kWsSmemValid + kWsSmemML + kWsSmemIdx;  // 98176 B
+// + 128 B of slack: the 16 / 32-head blocks keep their K/V tiles in kernel_mma64.cuh's XOR-swizzled layout (rows of
+// 1024 B, see kM64KTile; the XOR addresses need 128-byte-aligned rows) and align their regions themselves
+constexpr int kWsSmemBytes =
+    kWsSmemStage + kWsSmemK + kWsSmemP + kWsSmemAlpha + kWsSmemValid + kWsSmemML + kWsSmemIdx + 128;  // 98304 B
 static_assert(kWsSmemBytes <= 101376, "SM120: at most 101376 B dynamic smem per block");
 static_assert(kWsPvThreads == kM64Tok * 8, "cp.async mapping: 8 threads per token");
 static_assert(kWsSWarps * 16 == kM64Heads && kWsPvWarps * 64 == kDim, "warp roles cover the block");
@@ -154,7 +158,15 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   constexpr int kSKSteps = kSDims / 16;
   // kWsBarPReady + j: the P V warps sync, the MT softmax S warps (w / MT = 0) arrive
   constexpr int kPReadyThreads = kWsPvThreads + 32 * MT;
-  extern __shared__ __align__(16) unsigned char smem[];
+  // K/V tiles XOR-swizzled for 16 / 32 heads per block (kernel_mma64.cuh's layout; the dequantisation's 16-byte stores
+  // are 2-way bank conflicted in the padded one, 4.2-way on average over the 64-head kernel's shared stores by Nsight
+  // Compute). H100 run 57: 0.96-0.999x the padded layout's time on all 15 rows with 8-32 heads of the A/B, but
+  // 1.003-1.026x on all 15 64-head rows (as the 8-warp kernel's unsplit 64-head blocks, run 36), which stay padded
+  constexpr bool kSwz = MT < 4;
+  constexpr int kPitchKV = kSwz ? kDim : kKPitch;   // bf16 elements per K/V row
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* const smem =
+      kSwz ? smem_raw + ((128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u) : smem_raw;
   pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
   pdl_wait();                // inputs written by the previous kernel of the stream are visible
   unsigned char* ring = smem;
@@ -168,7 +180,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   float* Inv = Lse + kM64Heads;
   float* Sf = Inv + kM64Heads;
   int* Ix = (int*)(Sf + kM64Heads);
-  constexpr int kTileKV = kM64Tok * kKPitch;   // bf16 elements per K/V buffer
+  constexpr int kTileKV = kM64Tok * kPitchKV;   // bf16 elements per K/V buffer
   constexpr int kTileP = kHeads * kPPitch;     // bf16 elements per P buffer
   // MT < 4: the partial S of the warps w / MT > 0, (4 - MT) of them, 16 rows of kSxPitch floats each, after the two P
   // buffers: 2 x 16 MT x kPPitch bf16 + (4 - MT) x 16 x kSxPitch floats = 10240 B = kWsSmemP for every MT
@@ -217,13 +229,22 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
       // B-fragments: ldmatrix.x4 = 2 k-steps of one n-tile (tokens 8 j ..), lane row (lane & 7) + 8 j
-      const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + kSDims * kq + 8 * (lane >> 3);
+      [[maybe_unused]] const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + kSDims * kq + 8 * (lane >> 3);
+      // swizzled (kernel_mma64.cuh's S loop): unit 2 ks + (lane >> 3) of row (lane & 7) + 8 j is at (in its group of
+      // 8) ((2 ks % 8) + (lane >> 3)) ^ (lane & 7) = cl ^ (2 ks % 8): two lane addresses, kb0 and kb4 = kb0 ^ 64
+      const int cl = (lane >> 3) ^ (lane & 7);
+      [[maybe_unused]] const uint32_t kb0 =
+          (uint32_t)__cvta_generic_to_shared(Ks + (lane & 7) * kPitchKV + kSDims * kq + 8 * cl);
+      [[maybe_unused]] const uint32_t kb4 = kb0 ^ 64u;
 #pragma unroll
       for (int ks = 0; ks < kSKSteps; ks += 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t b[4];
-          ldmatrix_x4(b, kb + j * 8 * kKPitch + ks * 16);
+          if constexpr (kSwz)
+            ldsm_x4(b, ((ks & 2) ? kb4 : kb0) + 2 * (j * 8 * kPitchKV + (ks & ~3) * 16));
+          else
+            ldmatrix_x4(b, kb + j * 8 * kKPitch + ks * 16);
           mma_bf16_16816(sacc[j], qf[ks], b);
           mma_bf16_16816(sacc[j], qf[ks + 1], b + 2);
         }
@@ -282,26 +303,29 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   auto dequant = [&](int buf, const unsigned char* src) {
     const int n = lane, c = warp;
     if (c == 0) Vf[buf * kM64Tok + n] = ((const int*)(src + kM64StageData + kM64StageScale))[n];
-    unsigned char* dst = (unsigned char*)(Kb + buf * kTileKV + n * kKPitch + c * 64);
+    unsigned char* dst = (unsigned char*)(Kb + buf * kTileKV + n * kPitchKV + c * 64);
+    const int sw = kSwz ? (n & 7) : 0;   // swizzled: 16-byte unit u of the chunk at u ^ (n & 7)
     if (c < 7) {
       const float sc = ue8m0_to_float(src[kM64StageData + n * kScaleBytes + c]);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const int kk = (s + (n >> 1)) & 3;
+        // staging unit kk: distinct among the rows of one parity in a quarter warp (conflict-free reads); swizzled,
+        // kk ^ m too (the stores; m = n / 2 % 4): kernel_mma64.cuh's dequant_piece order sigma(m) ^ s
+        const int kk = kSwz ? ((0x78 >> (2 * ((n >> 1) & 3))) & 3) ^ s : (s + (n >> 1)) & 3;
         const uint4 raw = *(const uint4*)(src + n * kRowBytes + c * 64 + 16 * kk);
         uint4 o0, o1;
         o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
         o0.z = e4m3x2_to_bf16x2(raw.y, sc); o0.w = e4m3x2_to_bf16x2(raw.y >> 16, sc);
         o1.x = e4m3x2_to_bf16x2(raw.z, sc); o1.y = e4m3x2_to_bf16x2(raw.z >> 16, sc);
         o1.z = e4m3x2_to_bf16x2(raw.w, sc); o1.w = e4m3x2_to_bf16x2(raw.w >> 16, sc);
-        ((uint4*)dst)[2 * kk] = o0;
-        ((uint4*)dst)[2 * kk + 1] = o1;
+        ((uint4*)dst)[(2 * kk) ^ sw] = o0;
+        ((uint4*)dst)[(2 * kk + 1) ^ sw] = o1;
       }
     } else {
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const int kk = (s + (n >> 1)) & 7;
-        ((uint4*)dst)[kk] = *(const uint4*)(src + n * kRowBytes + kNope + 16 * kk);
+        const int kk = kSwz ? ((n >> 1) & 3) ^ s : (s + (n >> 1)) & 7;
+        ((uint4*)dst)[kk ^ sw] = *(const uint4*)(src + n * kRowBytes + kNope + 16 * kk);
       }
     }
   };
@@ -406,11 +430,17 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
       uint32_t pa[4][4];
 #pragma unroll
       for (int m = 0; m < MT; ++m) ldmatrix_x4(pa[m], Ps + (m * 16 + (lane & 15)) * kPPitch + kk + 8 * (lane >> 4));
-      const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kKPitch + 64 * warp + 8 * (lane >> 4);
+      [[maybe_unused]] const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kKPitch + 64 * warp + 8 * (lane >> 4);
+      // swizzled: unit 8 warp + (lane >> 4) + 2 np of row kk + (lane & 15) at 8 warp + (((lane >> 4) ^ (lane & 7)) ^ 2 np)
+      [[maybe_unused]] const uint32_t vsw =
+          (uint32_t)__cvta_generic_to_shared(Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp) + 16 * ((lane >> 4) ^ (lane & 7));
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t bb[4];
-        ldmatrix_x4_trans(bb, vrow + 16 * np);
+        if constexpr (kSwz)
+          ldsm_x4_trans(bb, vsw ^ (32u * np));
+        else
+          ldmatrix_x4_trans(bb, vrow + 16 * np);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           mma_bf16_16816(acc[m][2 * np], pa[m], bb);
