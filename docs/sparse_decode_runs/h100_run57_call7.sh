@@ -1,7 +1,8 @@
 #!/bin/bash
 # run 57 call 7: the warp-specialised kernels with kernel_mma64.cuh's XOR-swizzled K/V layout (swz.so: built with
 # DSV4_NVCC_FLAGS=-DDSV4_WS_SWZ=1; head.so: the same tree without it = main's kernels): tests with swz.so, then an A/B
-# of the two libraries (h100_run56_time_shapes.py, alternating processes; narrow set two rounds, wide set one)
+# of the two libraries (h100_run56_time_shapes.py, alternating processes; narrow set two rounds, wide set one).
+# The experiment's tree: kernel_ws.cuh with kSwz = (DSV4_WS_SWZ != 0) for every MT; main keeps the layout for MT < 4.
 export DSV4_KERNEL_FORCE=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 T=tests/test_sparse_decode.py
