@@ -160,8 +160,9 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   constexpr int kPReadyThreads = kWsPvThreads + 32 * MT;
   // K/V tiles XOR-swizzled for 16 / 32 heads per block (kernel_mma64.cuh's layout; the dequantisation's 16-byte stores
   // are 2-way bank conflicted in the padded one, 4.2-way on average over the 64-head kernel's shared stores by Nsight
-  // Compute). H100 run 57: 0.96-0.999x the padded layout's time on all 15 rows with 8-32 heads of the A/B, but
-  // 1.003-1.026x on all 15 64-head rows (as the 8-warp kernel's unsplit 64-head blocks, run 36), which stay padded
+  // Compute). H100 run 57: 0.960-1.002x the padded layout's time on the 20 rows of the A/B that launch 16 / 32-head
+  // blocks (19 of them faster), but 1.004-1.026x on the 10 that launch 64-head blocks (as the 8-warp kernel's unsplit
+  // 64-head blocks, run 36), which stay padded
   constexpr bool kSwz = MT < 4;
   constexpr int kPitchKV = kSwz ? kDim : kKPitch;   // bf16 elements per K/V row
   extern __shared__ __align__(16) unsigned char smem_raw[];
