@@ -401,10 +401,12 @@ def test_gpu_forced_split_counts(monkeypatch, impl, b, tiles, splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", TC_KERNELS)
-@pytest.mark.parametrize("name", ["h96_odd_heads", "h64_b1_split_len", "h128_b40_p256_noslit"])
+@pytest.mark.parametrize("name", ["h96_odd_heads", "h64_b1_split_len", "h128_b40_p256_noslit", "h64_b2_p48_split_len",
+                                  "h32_b40_p100_noslit"])
 def test_gpu_impls_vs_reference(impl, name):
     """Each kernel explicitly (independent of DSV4_SPARSE_DECODE_IMPL): h_q not a multiple of 64,
-    b=1 split path with lengths, many rows without split."""
+    b=1 split path with lengths, many rows without split; page sizes that are not powers of two (SGLang's are 64 /
+    256, which the kernels' slot arithmetic takes by shift and mask; any other size by division)."""
     cases = {
         "h96_odd_heads": dict(b=3, s_q=2, h_q=96, topk=67, extra_topk=100, with_len=True, with_extra_len=True,
                               sink=True, seed=11),
@@ -412,6 +414,11 @@ def test_gpu_impls_vs_reference(impl, name):
                                  sink=True, seed=12, stride_pad=576),
         "h128_b40_p256_noslit": dict(b=40, s_q=1, h_q=128, topk=256, page_size=256, n_main=2000, extra_topk=64,
                                      seed=13),
+        "h64_b2_p48_split_len": dict(b=2, s_q=2, h_q=64, topk=96, page_size=48, n_main=500, extra_topk=130,
+                                     n_extra=900, stride_pad=576, with_len=True, with_extra_len=True, sink=True,
+                                     seed=14),
+        "h32_b40_p100_noslit": dict(b=40, s_q=1, h_q=32, topk=128, page_size=100, n_main=1500, extra_topk=64,
+                                    seed=15),
     }
     a = _to_cuda(_case(**cases[name]))
     out, lse = sd.sparse_decode(**a, impl=impl)
