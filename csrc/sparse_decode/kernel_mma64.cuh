@@ -99,6 +99,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // ---- pieces shared by the mma64 kernel and the warp-specialised one (kernel_ws.cuh) ----------------------------
 
+// The swizzled K/V layout (kM64KTile) in a kernel's dynamic shared memory: its XOR addresses are exact only on
+// 128-byte-aligned rows and the declared alignment is 16 bytes, so the kernels that use it allocate 128 B of slack and
+// start their regions this many bytes further on.
+__device__ __forceinline__ uint32_t m64_align128_offset(const void* smem_raw) {
+  return (128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u;
+}
+// The dequantisation's staging unit of token row n (lane = row) at step s, swizzled layout. NoPE (4 steps, each
+// 16 fp8 -> units 2 kk, 2 kk + 1 of the row's chunk, stored at 2 kk ^ n, 2 kk + 1 ^ n): the staging reads of a quarter
+// warp need kk distinct among the rows of one parity, the stores kk ^ m distinct too (m = n / 2 % 4): kk =
+// sigma(m) ^ s with sigma = (0, 2, 3, 1), for which sigma(m) and sigma(m) ^ m are both permutations of 0..3
+// (multiplication by a generator of GF(4)). RoPE (8 steps, a bf16 copy stored at kk ^ n): kk ^ 4 (n & 1), the staging
+// read's bank group, and kk ^ n, the store's, are both distinct over a quarter warp.
+__device__ __forceinline__ int m64_swz_nope_unit(int n, int s) { return ((0x78 >> (2 * ((n >> 1) & 3))) & 3) ^ s; }
+__device__ __forceinline__ int m64_swz_rope_unit(int n, int s) { return ((n >> 1) & 3) ^ s; }
+
 // cp.async of one tile's raw rows into the staging area: 8 threads per token (gn), part gj copies 16-byte chunks
 // gj, gj + 8, ... of the 576-byte row, part 7 the 8-byte scale row, part 0 writes the valid flag. An invalid
 // slot (idx < 0) stages zeros (src size 0): no branch in the dequantisation.
@@ -318,8 +333,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   constexpr int kTileKV = kM64Tok * kPitchKV;      // bf16 elements per K/V buffer
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // swizzled: regions aligned to 128 bytes here (the XOR addresses below need it); padded: as allocated
-  unsigned char* const smem =
-      SWZ ? smem_raw + ((128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u) : smem_raw;
+  unsigned char* const smem = SWZ ? smem_raw + m64_align128_offset(smem_raw) : smem_raw;
   pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
   pdl_wait();                // inputs written by the previous kernel of the stream are visible
   unsigned char* ring = smem;                                             // staging rows of one tile
@@ -380,11 +394,9 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       // NoPE: 16 fp8 (16 B in) -> 16 bf16 (32 B out) on the even steps
       if (step & 1) return;
       const float sc = ue8m0_to_float(ring[kM64StageData + n * kScaleBytes + c]);
-      // staging unit kk: the reads of a quarter warp need kk distinct among the rows of one parity; swizzled,
-      // the stores (units 2 kk, 2 kk + 1 at 2 kk ^ n, 2 kk + 1 ^ n) need kk ^ m distinct too (m = n / 2 % 4):
-      // kk = sigma(m) ^ (step / 2) with sigma = (0, 2, 3, 1), for which sigma(m) and sigma(m) ^ m are both
-      // permutations of 0..3 (multiplication by a generator of GF(4))
-      const int kk = SWZ ? ((0x78 >> (2 * ((n >> 1) & 3))) & 3) ^ (step >> 1) : ((step >> 1) + (n >> 1)) & 3;
+      // staging unit kk: the reads of a quarter warp need kk distinct among the rows of one parity; swizzled, the
+      // stores too (m64_swz_nope_unit)
+      const int kk = SWZ ? m64_swz_nope_unit(n, step >> 1) : ((step >> 1) + (n >> 1)) & 3;
       const uint4 raw = *(const uint4*)(ring + n * kRowBytes + c * 64 + 16 * kk);
       uint4 o0, o1;
       o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
@@ -395,9 +407,8 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
       ((uint4*)dst)[(2 * kk) ^ sw] = o0;
       ((uint4*)dst)[(2 * kk + 1) ^ sw] = o1;
     } else {
-      // RoPE: a bf16 copy, 16 B per step (swizzled: kk ^ 4 (n & 1), the staging read's bank group, and kk ^ n,
-      // the store's, are both distinct over a quarter warp)
-      const int kk = SWZ ? ((n >> 1) & 3) ^ step : (step + (n >> 1)) & 7;
+      // RoPE: a bf16 copy, 16 B per step (swizzled: m64_swz_rope_unit)
+      const int kk = SWZ ? m64_swz_rope_unit(n, step) : (step + (n >> 1)) & 7;
       ((uint4*)dst)[SWZ ? kk ^ (n & 7) : kk] = *(const uint4*)(ring + n * kRowBytes + kNope + 16 * kk);
     }
   };

@@ -166,8 +166,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   constexpr bool kSwz = MT < 4;
   constexpr int kPitchKV = kSwz ? kDim : kKPitch;   // bf16 elements per K/V row
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* const smem =
-      kSwz ? smem_raw + ((128u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 127u)) & 127u) : smem_raw;
+  unsigned char* const smem = kSwz ? smem_raw + m64_align128_offset(smem_raw) : smem_raw;
   pdl_launch_dependents();   // the combine grid gets scheduled early; it waits for this grid's completion
   pdl_wait();                // inputs written by the previous kernel of the stream are visible
   unsigned char* ring = smem;
@@ -311,8 +310,8 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         // staging unit kk: distinct among the rows of one parity in a quarter warp (conflict-free reads); swizzled,
-        // kk ^ m too (the stores; m = n / 2 % 4): kernel_mma64.cuh's dequant_piece order sigma(m) ^ s
-        const int kk = kSwz ? ((0x78 >> (2 * ((n >> 1) & 3))) & 3) ^ s : (s + (n >> 1)) & 3;
+        // the stores too (m64_swz_nope_unit)
+        const int kk = kSwz ? m64_swz_nope_unit(n, s) : (s + (n >> 1)) & 3;
         const uint4 raw = *(const uint4*)(src + n * kRowBytes + c * 64 + 16 * kk);
         uint4 o0, o1;
         o0.x = e4m3x2_to_bf16x2(raw.x, sc); o0.y = e4m3x2_to_bf16x2(raw.x >> 16, sc);
@@ -325,7 +324,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     } else {
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const int kk = kSwz ? ((n >> 1) & 3) ^ s : (s + (n >> 1)) & 7;
+        const int kk = kSwz ? m64_swz_rope_unit(n, s) : (s + (n >> 1)) & 7;
         ((uint4*)dst)[kk ^ sw] = *(const uint4*)(src + n * kRowBytes + kNope + 16 * kk);
       }
     }
