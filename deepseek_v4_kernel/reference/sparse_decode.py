@@ -6,7 +6,7 @@ Page layout (one contiguous run of ``page_stride`` bytes per page, page_stride >
   [page_size*576, page_size*584)  per token: 7 UE8M0 scale bytes (scale j covers NoPE [64j, 64j+64)), 1 pad.
 """
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -65,6 +65,12 @@ def unpack_fp8_ds_mla(cache: torch.Tensor) -> torch.Tensor:
     return torch.cat([(nope * scale).reshape(-1, NOPE), rope], dim=1)
 
 
+class ErrorScales(NamedTuple):
+    """sparse_decode_ref(..., error_scales=True)'s third result (see there)."""
+    out_abs: torch.Tensor      # [b, s_q, h_q, 512]
+    row_spread: torch.Tensor   # [b, s_q, h_q]
+
+
 def _gather(cache, indices, lengths):
     """K [b, s_q, topk, 512] float64 and valid mask [b, s_q, topk]."""
     kv = unpack_fp8_ds_mla(cache)
@@ -80,12 +86,17 @@ def _gather(cache, indices, lengths):
 
 
 def sparse_decode_ref(q, k_cache, indices, topk_length=None, extra_k_cache=None, extra_indices=None,
-                      extra_topk_length=None, attn_sink=None, softmax_scale=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                      extra_topk_length=None, attn_sink=None, softmax_scale=None, error_scales=False):
     """Returns (out [b, s_q, h_q, 512] float64, lse [b, h_q, s_q] float64).
 
     lse = log(sum_j exp(score_j)) over the valid multiset of main + extra slots, WITHOUT attn_sink
     (FlashMLA tests/ref.py convention); out = sum_j exp(score_j) V_j / (exp(lse) + exp(sink)).
     A row with no valid slot: out 0, lse +inf (FlashMLA's "lonely q" convention).
+    error_scales: also returns ErrorScales, the scales of the error of a kernel that rounds each weight
+    w_j = exp(score_j) / (exp(lse) + exp(sink)) with a relative error e_j (e.g. to bf16 for the P V product), which
+    moves out by sum_j e_j w_j V_j: out_abs = sum_j w_j |V_j| [b, s_q, h_q, 512] bounds it per element (times
+    max |e_j|); row_spread = sqrt(sum_j w_j^2 ||V_j||^2) [b, s_q, h_q] is the root mean square of its norm per
+    head row (times that of e_j) when the e_j are independent and zero-mean. Both 0 for empty rows.
     """
     qf = q.detach().cpu().to(torch.float64)
     b, s_q, h_q, d = qf.shape
@@ -99,10 +110,13 @@ def sparse_decode_ref(q, k_cache, indices, topk_length=None, extra_k_cache=None,
     lse = torch.logsumexp(s, dim=-1)                                   # [b, s_q, h_q]
     empty = torch.isneginf(lse)
     w = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse).unsqueeze(-1))
-    out = torch.einsum("bsht,bstd->bshd", w, k)
     if attn_sink is not None:
         sink = attn_sink.detach().cpu().to(torch.float64).view(1, 1, h_q)
-        out = out / (1.0 + torch.exp(sink - lse)).unsqueeze(-1)
-    out = torch.where(empty.unsqueeze(-1), torch.zeros_like(out), out)
-    lse = torch.where(empty, torch.full_like(lse, math.inf), lse)
-    return out, lse.permute(0, 2, 1).contiguous()
+        w = w / (1.0 + torch.exp(sink - lse)).unsqueeze(-1)
+    w = torch.where(empty.unsqueeze(-1), torch.zeros_like(w), w)
+    out = torch.einsum("bsht,bstd->bshd", w, k)
+    lse = torch.where(empty, torch.full_like(lse, math.inf), lse).permute(0, 2, 1).contiguous()
+    if not error_scales:
+        return out, lse
+    spread = torch.einsum("bsht,bst->bsh", w * w, (k * k).sum(-1)).sqrt()
+    return out, lse, ErrorScales(torch.einsum("bsht,bstd->bshd", w, k.abs()), spread)
