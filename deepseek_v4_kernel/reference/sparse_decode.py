@@ -71,6 +71,22 @@ class ErrorScales(NamedTuple):
     row_spread: torch.Tensor   # [b, s_q, h_q]
 
 
+# The bounds on a kernel's bf16 out (tests/test_sparse_decode.py's docstring derives them): each softmax weight
+# rounded to bf16 for P V and out rounded to bf16 once, K / V exact, fp32 sums. Per element |out - ref| <=
+# OUT_ELEM_RTOL (out_abs + |ref|) + OUT_ATOL (twice the worst case); per head row ||out - ref|| <=
+# OUT_ROW_RTOL (||ref|| + 2 row_spread) + OUT_ATOL (the weights' rounding errors being independent).
+OUT_ELEM_RTOL, OUT_ROW_RTOL, OUT_ATOL = 2.0 ** -7, 2.0 ** -8, 1e-5
+
+
+def out_error_ratios(out, ref_out, scales: ErrorScales):
+    """(per element [b, s_q, h_q, 512], per head row [b, s_q, h_q]): |out - ref_out| as a fraction of the bounds
+    above (<= 1: within), float64 on the CPU; ref_out and scales from sparse_decode_ref(..., error_scales=True)."""
+    d = out.detach().cpu().to(torch.float64) - ref_out
+    elem = d.abs() / (OUT_ELEM_RTOL * (scales.out_abs + ref_out.abs()) + OUT_ATOL)
+    row = d.norm(dim=-1) / (OUT_ROW_RTOL * (ref_out.norm(dim=-1) + 2 * scales.row_spread) + OUT_ATOL)
+    return elem, row
+
+
 def _gather(cache, indices, lengths):
     """K [b, s_q, topk, 512] float64 and valid mask [b, s_q, topk]."""
     kv = unpack_fp8_ds_mla(cache)
