@@ -2,8 +2,9 @@
 tests of the CUDA kernel against the float64 reference.
 
 Tolerances (GPU, _check; the bounds: reference/sparse_decode.py's out_error_ratios): the dequantised K/V
-values are exact in bf16 (fp8 * 2^k) and q is bf16; the tensor-core kernels round each softmax weight w_j to bf16 for the P V product (relative error e_j, |e_j| <= 2^-8),
-accumulate in fp32 and round out to bf16 once (<= 2^-8 |out|). The weights' rounding moves out by
+values are exact in bf16 (fp8 * 2^k) and q is bf16; the tensor-core kernels round each softmax weight w_j to
+bf16 for the P V product (relative error e_j, |e_j| <= 2^-8), accumulate in fp32 and round out to bf16 once
+(<= 2^-8 |out|). The weights' rounding moves out by
 sum_j e_j w_j V_j: per element at most 2^-8 out_abs (out_abs = sum_j w_j |V_j|), per head row of 512 values
 typically ~0.4 * 2^-8 row_spread (row_spread = sqrt(sum_j w_j^2 ||V_j||^2), independent e_j; both from the
 reference's error_scales). Per element: |out - ref| <= 2^-7 (out_abs + |ref|) + 1e-5 (twice the bound). Per head
