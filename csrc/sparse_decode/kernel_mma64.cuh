@@ -114,6 +114,56 @@ __device__ __forceinline__ uint32_t m64_align128_offset(const void* smem_raw) {
 __device__ __forceinline__ int m64_swz_nope_unit(int n, int s) { return ((0x78 >> (2 * ((n >> 1) & 3))) & 3) ^ s; }
 __device__ __forceinline__ int m64_swz_rope_unit(int n, int s) { return ((n >> 1) & 3) ^ s; }
 
+// Lane addresses of the tensor-core loops' ldmatrix reads of a K/V buffer, for both layouts (SWZ: swizzled rows of
+// kDim bf16, else padded rows of kKPitch), computed once per tile (or 16-token step) and used by the mma64 kernel and
+// the warp-specialised one alike.
+// S loop, M64KFrags: ldmatrix.x4 = k-steps ks, ks + 1 (ks even) of n-tile j, i.e. rows (lane & 7) + 8 j, 16-byte unit
+// d0 / 8 + 2 ks + (lane >> 3) (d0 a multiple of 64). Swizzled, the unit's in-group part (2 ks % 8) + (lane >> 3) is
+// (2 ks % 8) ^ (lane >> 3), so its XOR with the row is (2 ks % 8) ^ cl, cl = (lane >> 3) ^ (lane & 7): two lane
+// addresses, kb0 and kb4 = kb0 ^ 64 (unit cl ^ 4: the row address is 128-byte aligned).
+template <bool SWZ>
+struct M64KFrags {
+  static constexpr int kPitch = SWZ ? kDim : kKPitch;   // bf16 elements per K/V row
+  uint32_t kb0, kb4;                                    // swizzled
+  const __nv_bfloat16* kb;                              // padded
+  __device__ __forceinline__ M64KFrags(const __nv_bfloat16* Ks, int d0, int lane) {
+    if constexpr (SWZ) {
+      const int cl = (lane >> 3) ^ (lane & 7);
+      kb0 = (uint32_t)__cvta_generic_to_shared(Ks + (lane & 7) * kPitch + d0 + 8 * cl);
+      kb4 = kb0 ^ 64u;
+    } else {
+      kb = Ks + (lane & 7) * kPitch + d0 + 8 * (lane >> 3);
+    }
+  }
+  __device__ __forceinline__ void load(uint32_t (&b)[4], int j, int ks) const {
+    if constexpr (SWZ)
+      ldsm_x4(b, ((ks & 2) ? kb4 : kb0) + 2 * (j * 8 * kPitch + (ks & ~3) * 16));
+    else
+      ldmatrix_x4(b, kb + j * 8 * kPitch + ks * 16);
+  }
+};
+// P V loop, M64VFrags: ldmatrix.x4.trans = dims d0 + 16 np .. + 15 (np = 0..3, d0 a multiple of 64) of tokens kk ..
+// kk + 15, i.e. row kk + (lane & 15), unit d0 / 8 + (lane >> 4) + 2 np. Swizzled, that unit is d0 / 8 + (((lane >> 4)
+// ^ (lane & 7)) ^ 2 np) (the row's low 3 bits are lane & 7): one lane address, XORed with 32 np.
+template <bool SWZ>
+struct M64VFrags {
+  static constexpr int kPitch = SWZ ? kDim : kKPitch;
+  uint32_t vsw;                // swizzled
+  const __nv_bfloat16* vrow;   // padded
+  __device__ __forceinline__ M64VFrags(const __nv_bfloat16* Ks, int kk, int d0, int lane) {
+    if constexpr (SWZ)
+      vsw = (uint32_t)__cvta_generic_to_shared(Ks + (kk + (lane & 15)) * kPitch + d0) + 16 * ((lane >> 4) ^ (lane & 7));
+    else
+      vrow = Ks + (kk + (lane & 15)) * kPitch + d0 + 8 * (lane >> 4);
+  }
+  __device__ __forceinline__ void load(uint32_t (&bb)[4], int np) const {
+    if constexpr (SWZ)
+      ldsm_x4_trans(bb, vsw ^ (32u * np));
+    else
+      ldmatrix_x4_trans(bb, vrow + 16 * np);
+  }
+};
+
 // cp.async of one tile's raw rows into the staging area: 8 threads per token (gn), part gj copies 16-byte chunks
 // gj, gj + 8, ... of the 576-byte row, part 7 the 8-byte scale row, part 0 writes the valid flag. An invalid
 // slot (idx < 0) stages zeros (src size 0): no branch in the dequantisation.
@@ -456,23 +506,13 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
     {
-      // lane address: row (lane & 7) + 8 j, unit kDims kq / 8 + 2 ks + (lane >> 3); swizzled, with ks even the
-      // in-group part (2 ks % 8) + (lane >> 3) is (2 ks % 8) ^ (lane >> 3), so its XOR with the row is
-      // (2 ks % 8) ^ cl: two lane addresses, kb0 and kb4
-      const int cl = (lane >> 3) ^ (lane & 7);
-      [[maybe_unused]] const uint32_t kb0 =
-          (uint32_t)__cvta_generic_to_shared(Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * cl);
-      [[maybe_unused]] const uint32_t kb4 = kb0 ^ 64u;   // unit cl ^ 4 (the row address is 128-byte aligned)
-      [[maybe_unused]] const __nv_bfloat16* kb = Ks + (lane & 7) * kPitchKV + kDims * kq + 8 * (lane >> 3);
+      const M64KFrags<SWZ> kfrag(Ks, kDims * kq, lane);
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ks += 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t b[4];
-          if constexpr (SWZ)
-            ldsm_x4(b, ((ks & 2) ? kb4 : kb0) + 2 * (j * 8 * kPitchKV + (ks & ~3) * 16));
-          else
-            ldmatrix_x4(b, kb + j * 8 * kPitchKV + ks * 16);
+          kfrag.load(b, j, ks);
           mma_bf16_16816(sacc[j], qf[ks], b);
           mma_bf16_16816(sacc[j], qf[ks + 1], b + 2);
         }
@@ -521,19 +561,11 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
           ldmatrix_x4(pa[m], Ps + (m * 16 + (lane & 15)) * kPPitch + kk + 8 * (lane >> 4));
-        // unit 8 warp + (lane >> 4) + 2 np = 8 warp + ((lane >> 4) ^ 2 np); the row's low 3 bits are lane & 7
-        const int cv = (lane >> 4) ^ (lane & 7);
-        // lane address of unit cv; unit cv ^ 2 np is an XOR of the address (the row address is 128-byte aligned)
-        [[maybe_unused]] const uint32_t vsw =
-            (uint32_t)__cvta_generic_to_shared(Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp) + 16 * cv;
-        [[maybe_unused]] const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp + 8 * (lane >> 4);
+        const M64VFrags<SWZ> vfrag(Ks, kk, 64 * warp, lane);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           uint32_t bb[4];
-          if constexpr (SWZ)
-            ldsm_x4_trans(bb, vsw ^ (32u * np));
-          else
-            ldmatrix_x4_trans(bb, vrow + 16 * np);
+          vfrag.load(bb, np);
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
             mma_bf16_16816(acc[m][2 * np], pa[m], bb);

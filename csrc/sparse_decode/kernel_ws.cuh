@@ -228,23 +228,14 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
       float sacc[4][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
-      // B-fragments: ldmatrix.x4 = 2 k-steps of one n-tile (tokens 8 j ..), lane row (lane & 7) + 8 j
-      [[maybe_unused]] const __nv_bfloat16* kb = Ks + (lane & 7) * kKPitch + kSDims * kq + 8 * (lane >> 3);
-      // swizzled (kernel_mma64.cuh's S loop): unit 2 ks + (lane >> 3) of row (lane & 7) + 8 j is at (in its group of
-      // 8) ((2 ks % 8) + (lane >> 3)) ^ (lane & 7) = cl ^ (2 ks % 8): two lane addresses, kb0 and kb4 = kb0 ^ 64
-      const int cl = (lane >> 3) ^ (lane & 7);
-      [[maybe_unused]] const uint32_t kb0 =
-          (uint32_t)__cvta_generic_to_shared(Ks + (lane & 7) * kPitchKV + kSDims * kq + 8 * cl);
-      [[maybe_unused]] const uint32_t kb4 = kb0 ^ 64u;
+      // B-fragments: ldmatrix.x4 = 2 k-steps of one n-tile (tokens 8 j ..), lane addresses as kernel_mma64.cuh's
+      const M64KFrags<kSwz> kfrag(Ks, kSDims * kq, lane);
 #pragma unroll
       for (int ks = 0; ks < kSKSteps; ks += 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t b[4];
-          if constexpr (kSwz)
-            ldsm_x4(b, ((ks & 2) ? kb4 : kb0) + 2 * (j * 8 * kPitchKV + (ks & ~3) * 16));
-          else
-            ldmatrix_x4(b, kb + j * 8 * kKPitch + ks * 16);
+          kfrag.load(b, j, ks);
           mma_bf16_16816(sacc[j], qf[ks], b);
           mma_bf16_16816(sacc[j], qf[ks + 1], b + 2);
         }
@@ -430,17 +421,11 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
       uint32_t pa[4][4];
 #pragma unroll
       for (int m = 0; m < MT; ++m) ldmatrix_x4(pa[m], Ps + (m * 16 + (lane & 15)) * kPPitch + kk + 8 * (lane >> 4));
-      [[maybe_unused]] const __nv_bfloat16* vrow = Ks + (kk + (lane & 15)) * kKPitch + 64 * warp + 8 * (lane >> 4);
-      // swizzled: unit 8 warp + (lane >> 4) + 2 np of row kk + (lane & 15) at 8 warp + (((lane >> 4) ^ (lane & 7)) ^ 2 np)
-      [[maybe_unused]] const uint32_t vsw =
-          (uint32_t)__cvta_generic_to_shared(Ks + (kk + (lane & 15)) * kPitchKV + 64 * warp) + 16 * ((lane >> 4) ^ (lane & 7));
+      const M64VFrags<kSwz> vfrag(Ks, kk, 64 * warp, lane);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t bb[4];
-        if constexpr (kSwz)
-          ldsm_x4_trans(bb, vsw ^ (32u * np));
-        else
-          ldmatrix_x4_trans(bb, vrow + 16 * np);
+        vfrag.load(bb, np);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           mma_bf16_16816(acc[m][2 * np], pa[m], bb);
