@@ -16,7 +16,7 @@ per device. q and indices may have arbitrary strides (passed to the
 kernel, no copies); attn_sink ([h_q] floats) is made contiguous if it is not (tiny copy).
 """
 import functools
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -133,34 +133,47 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
     return splits, per * TOK_TILE
 
 
-# Cost model of one mma64 call (split grid + combine), in H100 microseconds: a least-squares fit
-# (relative error) to run 47's sweep of every heads-per-block x split count at b 1..16, h_q 16..128,
-# s_q 1..2, extra 512 / 2048 (80 shapes, 1780 points; docs/sparse_decode.md "Launch shape",
-# scripts/sweep_sparse_decode.py), with KV rows from HBM and q / indices hot, as in a decode step:
+# Cost model of one mma64 call (split grid + combine), in H100 microseconds: a non-negative least-squares fit
+# (relative error; scripts/fit_launch_model.py reproduces these weights) to run 47's sweep of every heads-per-block
+# x split count at b 1..16, h_q 16..128, s_q 1..2, extra 512 / 2048 (80 shapes, 1780 points; docs/sparse_decode.md
+# "Launch shape", scripts/sweep_sparse_decode.py), with KV rows from HBM and q / indices hot, as in a decode step:
 #   base + waves * (tiles per split * tile[hpb] + wave)
 #        + [splits > 1] * (partial MB * part_mb + waves * hpb / 16 * store16)
+# (tile[hpb]: the weights tile16 / tile32 / tile64; the terms: mma64_cost_terms.)
 # waves = ceil(blocks / num_sms) (one 101 KB, 255-register block per SM); partial MB = the fp32 partial
 # outputs written by the split grid and read back by the combine; store16 = the split blocks' own partial
 # stores at the end of each wave (hpb x 2 KB per block, ~30 B/clk per SM: run 20's traces). Its argmin is
 # the fastest measured point on all 80 shapes, on 32 shapes measured on another H100 before the fit, and
 # on run 26's 80 shapes (L2-warm inputs, the run-26 library); the run-26 model, without the store term,
 # picked 32-head blocks x 10 splits on six shapes with 256 head rows (b s_q h_q) and 512 extra positions,
-# where 16 x 7 is 8-11 % faster (tests/test_sparse_decode.py checks the picks against all three sets). Only the argmin
-# is used; the SM count comes from the device, the weights are the H100's (SM120: slower DRAM, so the
-# partial terms would weigh somewhat more).
-M64_COST = dict(base=4.00, tile={16: 1.815, 32: 2.01, 64: 2.564}, wave=0.393, part_mb=0.532, store16=0.631)
+# where 16 x 7 is 8-11 % faster. Run 59 swept the same 80 shapes with each point on the kernel "auto" launches
+# for it (the warp-specialised blocks since run 50): its picks within 2.3 % of the fastest point on all of them.
+# tests/test_sparse_decode.py checks the picks against all four sets. Only the argmin is used; the SM count comes
+# from the device, the weights are the H100's (SM120: slower DRAM, so the partial terms would weigh somewhat more;
+# a sweep there with --auto-kernels and the fit script say whether its own weights pick faster).
+M64_COST = dict(base=4.00, tile16=1.815, tile32=2.01, tile64=2.564, wave=0.393, part_mb=0.532, store16=0.631)
 
 
-def mma64_cost(b: int, s_q: int, h_q: int, tiles: int, hpb: int, splits: int, num_sms: int) -> float:
-    """Modelled time (H100 us) of an mma64 launch with ``hpb`` heads per block and ``splits`` splits."""
+def mma64_cost_terms(b: int, s_q: int, h_q: int, tiles: int, hpb: int, splits: int, num_sms: int) -> Dict[str, float]:
+    """The cost model's terms of one launch: M64_COST's keys -> what each weight multiplies (the model is
+    their dot product; the fit script solves for the weights from the same terms)."""
     per = -(-tiles // splits)
     splits = -(-tiles // per)
     blocks = b * s_q * (-(-h_q // hpb)) * splits
     waves = -(-blocks // num_sms)
-    c = M64_COST["base"] + waves * (per * M64_COST["tile"][hpb] + M64_COST["wave"])
+    t = {k: 0.0 for k in M64_COST}
+    t["base"] = 1.0
+    t[f"tile{hpb}"] = float(waves * per)
+    t["wave"] = float(waves)
     if splits > 1:
-        c += splits * b * s_q * h_q * D * 4 / 1e6 * M64_COST["part_mb"] + waves * hpb / 16 * M64_COST["store16"]
-    return c
+        t["part_mb"] = splits * b * s_q * h_q * D * 4 / 1e6
+        t["store16"] = waves * hpb / 16
+    return t
+
+
+def mma64_cost(b: int, s_q: int, h_q: int, tiles: int, hpb: int, splits: int, num_sms: int) -> float:
+    """Modelled time (H100 us) of an mma64 launch with ``hpb`` heads per block and ``splits`` splits."""
+    return sum(M64_COST[k] * v for k, v in mma64_cost_terms(b, s_q, h_q, tiles, hpb, splits, num_sms).items())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -172,17 +185,22 @@ def mma64_launch(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
     when it holds more than half its heads' worth of real heads (no block of only zero m16 tiles).
     Shapes only (cached): no device query, CUDA-graph safe."""
     tiles = max(1, -(-total_positions // TOK_TILE))
-    cands = (heads_per_block,) if heads_per_block else tuple(x for x in (16, 32, 64) if x == 16 or x // 2 < h_q)
     best = None
+    for hpb, s, per in mma64_candidates(h_q, tiles, heads_per_block):
+        c = mma64_cost(b, s_q, h_q, tiles, hpb, s, num_sms)
+        if best is None or c < best[0] - 1e-9:
+            best = (c, hpb, s, per)
+    return best[1], best[2], best[3] * TOK_TILE
+
+
+def mma64_candidates(h_q: int, tiles: int, heads_per_block: Optional[int] = None):
+    """The launch shapes mma64_launch chooses among, in its tie order: (heads per block, splits, tiles per split)."""
+    cands = (heads_per_block,) if heads_per_block else tuple(x for x in (16, 32, 64) if x == 16 or x // 2 < h_q)
     for hpb in cands:
         for s in range(1, min(MAX_SPLITS, tiles) + 1):
             per = -(-tiles // s)
-            if -(-tiles // per) != s:        # same tiles per split as a smaller count
-                continue
-            c = mma64_cost(b, s_q, h_q, tiles, hpb, s, num_sms)
-            if best is None or c < best[0] - 1e-9:
-                best = (c, hpb, s, per)
-    return best[1], best[2], best[3] * TOK_TILE
+            if -(-tiles // per) == s:        # else the same tiles per split as a smaller count
+                yield hpb, s, per
 
 
 def _fail(arg, expected, got):
