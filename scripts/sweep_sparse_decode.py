@@ -6,6 +6,10 @@ Not a test; the data behind the rule (docs/sparse_decode.md). Prints a table per
 
     python scripts/sweep_sparse_decode.py --out build/sweep_sparse_decode [--bs 1,2,4,8,16] [--reps 10]
 
+By default every point runs the 8-warp kernel of its heads per block (how runs 26-47 swept); --auto-kernels runs
+each on the kernel "auto" would launch for it, which is what scripts/fit_launch_model.py should fit the weights to
+on a new GPU (--ws64 / --ws / --deep: one warp-specialised kernel for every point, as runs 50-55 checked the rule).
+
 Each point is checked against the shipped choice's output on the same inputs (bf16 outputs of two
 orderings of the same fp32 sums: max abs difference <= 2^-6 of the output's scale) before it is timed.
 Inputs and timing as bench_sparse_decode.py (since run 47: KV rows from HBM, q and indices hot, >= 1 ms of
@@ -79,13 +83,21 @@ def main():
                     help="with --ws: the 16-head points on the deep-gather variant instead (mma64wsh16deep, run 55; "
                          "auto takes it from DEEP_MIN_TILES tiles per block): the data a refit of the launch rule for it "
                          "would need")
+    ap.add_argument("--auto-kernels", action="store_true",
+                    help="time every point on the kernel auto runs for it (launch_kernel: the warp-specialised one "
+                         "from WS_MIN_TILES tiles per block, the deep 16-head one from DEEP_MIN_TILES, else the 8-warp "
+                         "one): the data scripts/fit_launch_model.py fits the shipped rule's weights to")
     ap.add_argument("--max-blocks-per-sm", type=int, default=3,
                     help="skip points whose grid has more than this many blocks per SM")
     args = ap.parse_args()
+    if (args.ws64 or args.ws or args.deep) and args.auto_kernels:
+        ap.error("--auto-kernels times each point on auto's own kernel: without --ws64 / --ws / --deep")
     if args.ws64 or args.ws:
         HPB_IMPL[64] = "mma64ws"
     if args.ws:
         HPB_IMPL.update({32: "mma64wsh32", 16: "mma64wsh16deep" if args.deep else "mma64wsh16"})
+    if args.auto_kernels:   # "auto" with the forced (heads per block, splits): launch_kernel picks the kernel
+        HPB_IMPL.update({16: "auto", 32: "auto", 64: "auto"})
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda", 0)
     num_sms = sd._sm_count(dev)
@@ -93,7 +105,7 @@ def main():
     pools = DecodeInputs(gen, args.rows_footprint_mb)
     orig_choose, orig_launch = sd.choose_splits, sd.mma64_launch
     res = {"device": torch.cuda.get_device_name(0), "num_sms": num_sms, "rows_footprint_mb": args.rows_footprint_mb,
-           "rows": []}
+           "kernels": dict(HPB_IMPL), "rows": []}
     print(f"{torch.cuda.get_device_name(0)} SMs={num_sms}")
     for b in [int(v) for v in args.bs.split(",")]:
         for h_q in [int(v) for v in args.hs.split(",")]:
