@@ -221,5 +221,6 @@ def main():
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
 
+
 if __name__ == "__main__":
     main()

@@ -297,13 +297,16 @@ def test_choose_splits_shapes_only():
         sd.resolve_impl(64, "nope")
 
 
+def _runs_path(name):
+    """A committed device-run record: docs/sparse_decode_runs/<name>."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "sparse_decode_runs", name)
+
+
 def _launch_sweep(name):
     """(shape row, {(heads per block, splits): us}, fastest us, the current rule's pick) per shape of a
     committed launch sweep (docs/sparse_decode_runs/<name>, written by scripts/sweep_sparse_decode.py)."""
     import json
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "sparse_decode_runs",
-                        name)
-    data = json.load(open(path))
+    data = json.load(open(_runs_path(name)))
     for r in data["rows"]:
         us = {(h, n): t for h, n, t in r["points"]}
         hpb, n, _ = sd.mma64_launch(r["b"], r["s_q"], r["h_q"], data["main_tokens"] + r["extra"], data["num_sms"])
@@ -351,13 +354,12 @@ def test_launch_model_fit_reproduces_the_shipped_weights():
     """scripts/fit_launch_model.py (the tool for refitting the launch rule on another GPU) fitted to run 47's sweep
     gives M64_COST's weights as shipped (3 decimals), and reports the shipped picks as the fastest points of it."""
     tool = _fit_tool()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sweep = tool.load_sweep(os.path.join(root, "docs", "sparse_decode_runs", "h100_run47_launch_sweep_cold.json"))
+    sweep = tool.load_sweep(_runs_path("h100_run47_launch_sweep_cold.json"))
     fitted = tool.fit([sweep])
     assert set(fitted) == set(sd.M64_COST)
     for k, v in sd.M64_COST.items():
         assert abs(fitted[k] - v) < 5e-4, (k, fitted[k], v)
-    per_shape, summary = tool.report(fitted, *sweep)
+    _, summary = tool.report(fitted, *sweep)
     assert summary["shapes"] == summary["timed_picks"] == 80 and summary["worst"] == 1.0
     # other weights give other picks: the report and the weights() swap are live (and the swap is undone)
     shipped = dict(sd.M64_COST)
@@ -370,9 +372,7 @@ def test_mma64_launch_picks_against_the_auto_kernel_sweep():
     blocks of runs 50-55; the weights were fitted in run 47 to the 8-warp kernel): on all 80 shapes its pick was timed
     and is within 3 % of the fastest point (worst 1.023 in that run)."""
     tool = _fit_tool()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sweep = tool.load_sweep(os.path.join(root, "docs", "sparse_decode_runs",
-                                         "h100_run59_call3_sweep_auto_kernels.json"))
+    sweep = tool.load_sweep(_runs_path("h100_run59_call3_sweep_auto_kernels.json"))
     _, summary = tool.report(dict(sd.M64_COST), *sweep)
     assert summary["shapes"] == summary["timed_picks"] == 80
     assert summary["worst"] <= 1.03 and summary["over_3pct"] == 0, summary
@@ -383,8 +383,7 @@ def test_launch_model_search_improves_bad_weights():
     fastest point) it finds weights with none; its vectorised pick agrees with mma64_launch's own (report); and a set
     replaces the shipped one only with fewer shapes off or a mean pick time MIN_GAIN lower."""
     tool = _fit_tool()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sweep = tool.load_sweep(os.path.join(root, "docs", "sparse_decode_runs", "h100_run47_launch_sweep_cold.json"))
+    sweep = tool.load_sweep(_runs_path("h100_run47_launch_sweep_cold.json"))
     tables = tool.shape_tables(*sweep)
     bad = dict(sd.M64_COST, part_mb=0.0, store16=0.0)
     vec = lambda w: np.array([w[k] for k in tool.KEYS])
@@ -398,8 +397,8 @@ def test_launch_model_search_improves_bad_weights():
 
 def test_launch_model_fit_nnls_is_the_best_nonnegative_fit():
     """The fit's NNLS against the definition: the least-squares solution restricted to every support, kept where
-    it is non-negative, the best of those (exhaustive at 5 unknowns), on random problems whose unconstrained
-    solution has negative entries, and an exactly consistent one recovered to 1e-9."""
+    it is non-negative, the best of those (exhaustive at 5 unknowns), on 40 random problems (37 of them with negative
+    entries in the unconstrained solution), and an exactly consistent one recovered to 1e-9."""
     import itertools
     tool = _fit_tool()
     g = np.random.default_rng(5)
