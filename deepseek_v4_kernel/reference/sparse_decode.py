@@ -106,10 +106,11 @@ def _slot_weight_sums(w, slots):
     """w [b, s_q, h_q, T] -> [b, s_q, h_q, T]: at each position, the sum of w over the positions of its row (b, s_q)
     that hold the same slot (ids [b, s_q, T], -1 = none: each such position on its own)."""
     b, s_q, h_q, t = w.shape
-    rows = torch.arange(b * s_q).view(b, s_q, 1).expand(b, s_q, t)
-    own = -2 - torch.arange(t).view(1, 1, t).expand(b, s_q, t)      # an invalid position is its own group
-    key = torch.stack([rows, torch.where(slots >= 0, slots, own)], -1).reshape(-1, 2)
-    _, group = torch.unique(key, dim=0, return_inverse=True)
+    n = int(slots.max()) + 1 if slots.numel() else 0
+    own = n + torch.arange(t).view(1, 1, t)                         # an invalid position is its own group
+    rows = torch.arange(b * s_q).view(b, s_q, 1)
+    key = rows * (n + t) + torch.where(slots >= 0, slots, own)      # one int64 per (row, slot); 1-D unique is fast
+    _, group = torch.unique(key.reshape(-1), return_inverse=True)
     flat = w.permute(2, 0, 1, 3).reshape(h_q, -1)
     sums = torch.zeros(h_q, int(group.max()) + 1, dtype=w.dtype).index_add_(1, group, flat)
     return sums[:, group].reshape(h_q, b, s_q, t).permute(1, 2, 0, 3)
