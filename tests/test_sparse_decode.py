@@ -125,6 +125,18 @@ def test_reference_matches_naive_loop():
     assert len(set(lists[1][1])) < len(lists[1][1])   # the duplicates row above: its copies grouped
 
 
+def test_reference_error_scales_of_empty_inputs():
+    """error_scales with no rows (b = 0) or no slots (topk 0): empty or zero scales, out 0, lse +inf."""
+    kv = torch.randn(10, 512, generator=torch.Generator().manual_seed(3))
+    cache = pack_fp8_ds_mla(kv, 64, None)
+    for b, topk in [(0, 5), (2, 0)]:
+        q = torch.randn(b, 1, 8, 512).bfloat16()
+        out, lse, (out_abs, spread) = sparse_decode_ref(q, cache, torch.zeros(b, 1, topk, dtype=torch.int32),
+                                                        error_scales=True)
+        assert out.shape == out_abs.shape == (b, 1, 8, 512) and spread.shape == (b, 1, 8)
+        assert (out == 0).all() and (out_abs == 0).all() and (spread == 0).all() and torch.isinf(lse).all()
+
+
 def test_check_catches_what_the_rounding_cannot_explain():
     """_check (the GPU tests' comparison) accepts the reference rounded to bf16, and rejects a token missing from
     P V only (lse unchanged), out 1.6 % too large everywhere (only the head-row norm sees it) and one element off

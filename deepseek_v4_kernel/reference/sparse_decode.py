@@ -106,7 +106,9 @@ def _slot_weight_sums(w, slots):
     """w [b, s_q, h_q, T] -> [b, s_q, h_q, T]: at each position, the sum of w over the positions of its row (b, s_q)
     that hold the same slot (ids [b, s_q, T], -1 = none: each such position on its own)."""
     b, s_q, h_q, t = w.shape
-    n = int(slots.max()) + 1 if slots.numel() else 0
+    if w.numel() == 0:
+        return w.clone()
+    n = int(slots.max()) + 1
     own = n + torch.arange(t).view(1, 1, t)                         # an invalid position is its own group
     rows = torch.arange(b * s_q).view(b, s_q, 1)
     key = rows * (n + t) + torch.where(slots >= 0, slots, own)      # one int64 per (row, slot); 1-D unique is fast
@@ -129,8 +131,8 @@ def sparse_decode_ref(q, k_cache, indices, topk_length=None, extra_k_cache=None,
     max |e_j|); row_spread = sqrt(sum_g W_g^2 ||V_g||^2) [b, s_q, h_q] over the row's distinct slots g, W_g the sum of
     the weights of g's copies, is the root mean square of its norm per head row (times that of e_j) when the errors
     of distinct slots are independent and zero-mean. Copies of one slot share their error (the same score, the same
-    rounded weight), so they count as one weight: counted as independent, 450 copies of 3 rows whose values nearly
-    cancel let the arithmetic above exceed the head-row bound 2.2x (run 59). Both 0 for empty rows.
+    rounded weight), so they count as one weight: counted as independent, rows of 512 copies of 2-3 slots whose values
+    nearly cancel let the arithmetic above exceed the head-row bound 2.2x (run 59). Both 0 for empty rows.
     """
     qf = q.detach().cpu().to(torch.float64)
     b, s_q, h_q, d = qf.shape
