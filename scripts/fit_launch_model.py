@@ -106,6 +106,11 @@ def shape_tables(num_sms, rows):
     return out
 
 
+def weight_vector(w):
+    """Weights {M64_COST key: value} as a vector in KEYS order (what pick_loss takes)."""
+    return np.array([w[k] for k in KEYS], dtype=np.float64)
+
+
 def pick_loss(w, tables):
     """(shapes whose pick is > 3 % slower than the fastest point, mean pick us / fastest us) with weights w (a vector
     in KEYS order). A pick the sweep did not time counts as the shape's slowest timed point."""
@@ -121,7 +126,7 @@ def search(w0, tables, rounds=20):
     """Coordinate search from w0 (dict) for weights whose picks are faster (pick_loss), since a least-squares fit of
     the times need not pick best when the model's form misses something (a kernel switch with tiles per block). Each
     weight moves by fractions of itself and of the mean weight (so a zero weight can become non-zero)."""
-    w = np.array([w0[k] for k in KEYS], dtype=np.float64)
+    w = weight_vector(w0)
     best = pick_loss(w, tables)
     scale = max(float(np.abs(w).mean()), 1e-3)
     for _ in range(rounds):
@@ -187,7 +192,7 @@ def main():
     sets = {"shipped": dict(sd.M64_COST), "nnls": fit([data[i] for i in fit_on])}
     # the search from both, the better kept (over 3 %, then mean)
     found = [search(sets[k], tables) for k in ("shipped", "nnls")]
-    sets["searched"] = min(found, key=lambda w: pick_loss(np.array([w[k] for k in KEYS]), tables))
+    sets["searched"] = min(found, key=lambda w: pick_loss(weight_vector(w), tables))
     print("fitted on:", ", ".join(os.path.basename(args.sweeps[i]) for i in fit_on))
     print(f"{'weight':>8} " + " ".join(f"{n:>8}" for n in sets))
     for k in KEYS:
@@ -206,7 +211,7 @@ def main():
                 for sh, pk, us, b in per_shape:
                     print(f"    b={sh[0]:>4} h={sh[1]:>3} s_q={sh[2]} extra={sh[3]:>5}  {pk[0]:>2}h x {pk[1]:>2}  "
                           + (f"{us / b:.3f}" if us is not None else "not timed"))
-    losses = {n: pick_loss(np.array([w[k] for k in KEYS]), tables) for n, w in sets.items()}
+    losses = {n: pick_loss(weight_vector(w), tables) for n, w in sets.items()}
     best = min(losses, key=lambda n: (losses[n], n != "shipped"))
     print(f"\nbest picks on the fitted data: {best} (> 3 % slower: {losses[best][0]} shapes, mean "
           f"{losses[best][1]:.4f}; shipped {losses['shipped'][0]}, {losses['shipped'][1]:.4f})")

@@ -31,10 +31,12 @@ import pytest
 import torch
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.reference.sparse_decode import (out_error_ratios, pack_fp8_ds_mla, sparse_decode_ref,
+from deepseek_v4_kernel.reference.sparse_decode import (_gather, out_error_ratios, pack_fp8_ds_mla, sparse_decode_ref,
                                                         unpack_fp8_ds_mla)
 from deepseek_v4_kernel.ops import sparse_decode as sd
 from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 # the tensor-core kernels by name (sd.IMPL_CODE): the 32-head one, the 8-warp mma64 family, the warp-specialised family
 TC_KERNELS = ["mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32", "mma64wsh16", "mma64wsh16deep"]
@@ -161,11 +163,9 @@ def _rounded_like_the_kernels(a):
     ref_o, ref_l = sparse_decode_ref(**a)
     q = a["q"].double()
     scale = q.shape[-1] ** -0.5 if a.get("softmax_scale") is None else a["softmax_scale"]
-    kv = unpack_fp8_ds_mla(a["k_cache"])
-    idx = a["indices"].long()
-    k = kv[idx.clamp(min=0)] * (idx >= 0).unsqueeze(-1)
+    k, valid = _gather(a["k_cache"], a["indices"], a.get("topk_length"))[:2]   # main cache only
     s = torch.einsum("bshd,bstd->bsht", q, k) * scale
-    s = s.masked_fill((idx < 0).unsqueeze(2), float("-inf"))
+    s = s.masked_fill(~valid.unsqueeze(2), float("-inf"))
     p = torch.exp(s - s.amax(-1, keepdim=True))
     den = p.sum(-1, keepdim=True)
     if a.get("attn_sink") is not None:
@@ -264,7 +264,7 @@ def test_impl_codes_match_the_c_side():
     """IMPL_CODE / HEAD_TILE (Python) and the C ABI's impl range and the launcher's mma64 instantiations
     are one table: impl 2 / 3 / 4 = mma64 with MT = 4 / 2 / 1 m16 tiles = 64 / 32 / 16 heads."""
     import re
-    root = os.path.join(os.path.dirname(__file__), "..", "csrc")
+    root = os.path.join(ROOT, "csrc")
     api = open(os.path.join(root, "api.cu")).read()
     assert int(re.search(r"p->impl > (\d+)", api).group(1)) == max(sd.IMPL_CODE.values())
     launcher = open(os.path.join(root, "sparse_decode", "sparse_decode.cu")).read()
@@ -361,7 +361,7 @@ def test_choose_splits_shapes_only():
 
 def _runs_path(name):
     """A committed device-run record: docs/sparse_decode_runs/<name>."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "sparse_decode_runs", name)
+    return os.path.join(ROOT, "docs", "sparse_decode_runs", name)
 
 
 def _launch_sweep(name):
@@ -407,7 +407,7 @@ def test_mma64_launch_picks_against_the_cold_sweeps(name):
 
 
 def _fit_tool():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import fit_launch_model
     return fit_launch_model
 
@@ -448,7 +448,7 @@ def test_launch_model_search_improves_bad_weights():
     sweep = tool.load_sweep(_runs_path("h100_run47_launch_sweep_cold.json"))
     tables = tool.shape_tables(*sweep)
     bad = dict(sd.M64_COST, part_mb=0.0, store16=0.0)
-    vec = lambda w: np.array([w[k] for k in tool.KEYS])
+    vec = tool.weight_vector
     assert tool.pick_loss(vec(bad), tables)[0] == tool.report(bad, *sweep)[1]["over_3pct"] == 26
     found = tool.search(bad, tables)
     loss = tool.pick_loss(vec(found), tables)
@@ -1063,17 +1063,16 @@ def test_gpu_library_without_this_arch_hands_back(tmp_path):
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) == (12, 0):
         pytest.skip("this GPU is sm_120: an sm_120a-only build runs on it")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     lib = tmp_path / "_C_sm120a_only.so"
     env = dict(os.environ, NVCC_THREADS="8")
     env.pop("DSV4_KERNEL_EXTRA_ARCHS", None)
     env.pop("DSV4_NVCC_FLAGS", None)
-    r = subprocess.run(["bash", os.path.join(root, "scripts", "build_ext.sh"), str(lib)], env=env,
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "build_ext.sh"), str(lib)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     env = dict(os.environ, DSV4_KERNEL_LIB=str(lib), DSV4_KERNEL_STRICT="1", DISABLE_MMA_V3="1")
     r = subprocess.run([sys.executable, "-c", _NO_IMAGE_CHILD, os.path.dirname(os.path.abspath(__file__))],
-                       env=env, capture_output=True, text=True, timeout=300, cwd=root)
+                       env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     print(r.stdout)
     lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
