@@ -225,3 +225,46 @@ def test_mma_peak_tool_builds_for_sm120a_and_times_what_it_claims(tmp_path):
         assert hmma >= 64, f"mma_loop<{feed}>: {hmma} HMMA"
         assert not re.search(r"\b(HGMMA|UTC\w*MMA|QMMA|OMMA)\b", sass), f"mma_loop<{feed}>: other tensor ops"
         assert ldsm == (hmma // 2 if feed else 0), f"mma_loop<{feed}>: {ldsm} LDSM for {hmma} HMMA"
+
+
+def test_trace_tool_instruments_the_kernels_auto_runs_and_builds_for_sm120a(tmp_path):
+    """scripts/trace_sparse_decode.py inserts its trace points at asserted source anchors; a kernel edit that moves one
+    must fail here, not on the first GPU that runs the tool (the first SM120 measurement, docs/sparse_decode.md). Every
+    point its reader uses must be written by the instrumented source: the warp-specialised kernels ("auto" at every
+    default shape), the 8-warp mma64 kernel and the combine. The instrumented sparse_decode.cu and api.cu compile for
+    sm_120a (spills are allowed there: traced builds take registers, which the tool's output says)."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import trace_sparse_decode as tr
+    with pytest.raises(SystemExit, match="unknown"):
+        tr.instrument(str(tmp_path / "unused"), ablate=("nodeq", "nothing"))
+    for cycles in (False, True):
+        dst = tmp_path / f"csrc_{int(cycles)}"
+        tr.copy_csrc(str(dst))
+        tr.instrument(str(dst), ablate=("nodeq",) if cycles else (), cycles=cycles)
+        kernel = open(dst / "sparse_decode" / "kernel.cuh").read()
+        assert f"#define DSV4_TRACE_CYCLES {int(cycles)}" in kernel
+        assert f"#define ABL_NODEQ {int(cycles)}" in kernel and "#define ABL_NOPV 0" in kernel
+        written = set()
+        for f in ("kernel.cuh", "kernel_mma64.cuh", "kernel_ws.cuh"):
+            src = open(dst / "sparse_decode" / f).read()
+            for m in re.finditer(r"\bTR\(([^,]+),", src):
+                if m.group(1) == "pt":   # the macro's definition
+                    continue
+                if m.group(1).startswith("tb + "):   # S warps 0 and last: tb = WS0 + WS_S0 / WS_S3
+                    assert f"const int tb = {tr.WS0} + (sw == 0 ? {tr.WS_S0} : {tr.WS_S3});" in src
+                    k = int(m.group(1)[5:])
+                    written |= {tr.WS0 + tr.WS_S0 + k, tr.WS0 + tr.WS_S3 + k}
+                    continue
+                written.add(eval(m.group(1), {}))
+        ws = {tr.WS0 + v for k, v in vars(tr).items() if k.startswith("WS_") and k not in ("WS_S0", "WS_S3")}
+        need = set(range(16)) | ws
+        assert need <= written, f"trace points the reader uses but no kernel writes: {sorted(need - written)}"
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (set NVCC)")
+    for unit in ("sparse_decode/sparse_decode.cu", "api.cu"):
+        r = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode", "arch=compute_120a,code=sm_120a", "-I", str(dst),
+                            "-c", str(dst / unit), "-o", str(tmp_path / "unit.o")],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
