@@ -22,6 +22,7 @@ lse is fp32 end to end: atol 2e-4, rtol 1e-5 (as in FlashMLA's test: lse checked
 lse convention (FlashMLA tests/ref.py): lse does NOT include attn_sink; empty rows: out 0, lse +inf.
 """
 import inspect
+import json
 import math
 import os
 import sys
@@ -455,6 +456,54 @@ def test_launch_model_search_improves_bad_weights():
     assert loss[0] == tool.report(found, *sweep)[1]["over_3pct"] == 0
     assert tool.worth_changing(loss, tool.pick_loss(vec(bad), tables))
     assert not tool.worth_changing((0, 1.004), (0, 1.008)) and tool.worth_changing((0, 1.002), (0, 1.008))
+
+
+def test_ab_tool_alternates_processes_and_reports_min_over_rounds(tmp_path, monkeypatch):
+    """scripts/ab_sparse_decode.py (the A/B of libraries every kernel change is judged by): each library in its own
+    process with its DSV4_KERNEL_LIB, alternating, round after round; per shape the minimum over rounds and its ratio to
+    the first library; a failed process is reported and makes the exit status 1; bad arguments name what was
+    expected. The processes are faked here (the child times on a GPU)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import ab_sparse_decode as ab
+    libs = {}
+    for tag in ("base", "new"):
+        libs[tag] = tmp_path / f"{tag}.so"
+        libs[tag].write_bytes(b"")
+    shapes = ab.shapes_of("small")
+    times = {"base": [10.0, 9.0], "new": [8.0, 8.5]}   # per round, every shape (scaled by its index below)
+    calls = []
+
+    class Done:
+        def __init__(self, tag, r):
+            res = {ab.shape_key(s): times[tag][r] * (1 + i) for i, s in enumerate(shapes)}
+            self.returncode, self.stdout, self.stderr = 0, "noise\nJSON " + json.dumps({tag: res}), ""
+
+    def fake_run(cmd, env, **kw):
+        tag = cmd[cmd.index("--child") + 1]
+        assert env["DSV4_KERNEL_LIB"] == str(libs[tag]) and env["DSV4_KERNEL_FORCE"] == "1"
+        calls.append(tag)
+        return Done(tag, sum(c == tag for c in calls) - 1)
+
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    out = tmp_path / "ab.json"
+    assert ab.main(["--set", "small", "--rounds", "2", "--out", str(out)] + [f"{t}={p}" for t, p in libs.items()]) == 0
+    assert calls == ["base", "new", "base", "new"]
+    rec = json.load(open(out))
+    for i, s in enumerate(shapes):
+        assert rec["min"][ab.shape_key(s)] == {"base": 9.0 * (1 + i), "new": 8.0 * (1 + i)}
+    _, lines = ab.summarize(rec["rounds"], ["base", "new"], shapes)
+    assert "(0.889)" in lines[1] and len(lines) == 1 + len(shapes)
+    _, lines = ab.summarize([{"base": {ab.shape_key(shapes[0]): 5.0}}], ["base", "new"], shapes[:1])
+    assert "n/a" in lines[1]
+    # a failed process: reported, exit status 1, the others still summarised
+    monkeypatch.setattr(ab.subprocess, "run", lambda cmd, env, **kw: type("R", (), dict(
+        returncode=3, stdout="", stderr="boom"))() if "new" in cmd else Done("base", 0))
+    assert ab.main(["--set", "small", "--rounds", "1"] + [f"{t}={p}" for t, p in libs.items()]) == 1
+    for bad, msg in ((["--set", "nope", f"base={libs['base']}"], "unknown shape set"), (["base"], "TAG=PATH"),
+                     ([f"base={tmp_path / 'missing.so'}"], "no file"), ([], "no library"),
+                     ([f"a={libs['base']}", f"a={libs['new']}"], "twice")):
+        with pytest.raises(SystemExit, match=msg):
+            ab.main(bad)
 
 
 def test_launch_model_fit_nnls_is_the_best_nonnegative_fit():
