@@ -9,7 +9,7 @@
         moves one fails loudly (tests/test_extension_build.py checks them on the CPU).
         --ablate noissue,nodeq,nopv,nos: timing-only variants of the warp-specialised blocks (run 54's ablations):
         no row copies after the prologue's tiles / no dequantisation after them / no P V mma loop / no S mma loop.
-        THEIR OUTPUTS ARE WRONG; `run` says so in every line. --no-cycles: only the block timeline (%globaltimer at
+        THEIR OUTPUTS ARE WRONG; `run` says so on every shape's line. --no-cycles: only the block timeline (%globaltimer at
         entry, loop start, loop end, exit), no per-tile clock64 counters: those take registers, and the 64-head
         block's S warps have none to spare (a traced build runs slower; `run` prints its graph time per call, to set
         against an untraced library's).
