@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Latency anatomy of the sparse decode kernels (a diagnostic, not a benchmark).
 
-  build OUT.so [--rev REV] [--ablate LIST] [--no-cycles]
-        copy csrc/ (the working tree, or git revision REV) to build/trace_src/, insert %globaltimer / clock64
+  build OUT.so [--rev REV] [--ablate LIST] [--no-cycles] [--src DIR]
+        copy csrc/ (the working tree, or git revision REV) to build/trace_src/ (or DIR: builds in parallel), insert %globaltimer / clock64
         trace points into the kernels "auto" launches (the warp-specialised blocks, kernel_ws.cuh: every 16 / 32 /
         64-head variant, the deep-gather one included), the 8-warp mma64 kernel and the split combine, and build OUT.so
         (sm_90a + sm_120a); no GPU needed. The points go in at source anchors, each asserted, so a kernel edit that
@@ -282,8 +282,8 @@ def copy_csrc(dst, rev=None):
         shutil.copytree(os.path.join(ROOT, "csrc"), dst)
 
 
-def build(out, rev=None, ablate=(), cycles=True):
-    dst = os.path.join(ROOT, "build", "trace_src")
+def build(out, rev=None, ablate=(), cycles=True, src=None):
+    dst = src or os.path.join(ROOT, "build", "trace_src")
     copy_csrc(dst, rev)
     instrument(dst, ablate, cycles)
     env = dict(os.environ, DSV4_CSRC=dst, DSV4_KERNEL_EXTRA_ARCHS=os.environ.get("DSV4_KERNEL_EXTRA_ARCHS", "90a"))
@@ -436,7 +436,8 @@ if __name__ == "__main__":
         a = sys.argv[3:]
         rev = a[a.index("--rev") + 1] if "--rev" in a else None
         abl = tuple(x for x in a[a.index("--ablate") + 1].split(",") if x) if "--ablate" in a else ()
-        build(os.path.abspath(sys.argv[2]), rev, abl, "--no-cycles" not in a)
+        src = os.path.abspath(a[a.index("--src") + 1]) if "--src" in a else None
+        build(os.path.abspath(sys.argv[2]), rev, abl, "--no-cycles" not in a, src)
     elif len(sys.argv) >= 2 and sys.argv[1] == "run":
         run()
     else:

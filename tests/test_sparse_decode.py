@@ -506,6 +506,31 @@ def test_ab_tool_alternates_processes_and_reports_min_over_rounds(tmp_path, monk
             ab.main(bad)
 
 
+def test_diag_script_is_consistent_and_refuses_other_gpus(tmp_path):
+    """scripts/device_sparse_decode_diag.sh (the first measurements on a new GPU): valid bash, the scripts and trace-tool
+    ablations it names exist, and on a GPU the library is not built for (a fake nvidia-smi: compute capability 8.9) it
+    stops with a message naming the capability and exit status 1, before building anything."""
+    import re
+    import subprocess
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import trace_sparse_decode as tr
+    path = os.path.join(ROOT, "scripts", "device_sparse_decode_diag.sh")
+    assert subprocess.run(["bash", "-n", path]).returncode == 0
+    src = open(path).read()
+    for script in set(re.findall(r"scripts/([\w.]+\.(?:py|sh))", src)):
+        assert os.path.isfile(os.path.join(ROOT, "scripts", script)), script
+    assert set(re.findall(r"--ablate (\w+)", src)) == set(tr.ABLATIONS)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 8.9\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", path], env=dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(out)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "compute capability 89" in r.stdout, r.stdout + r.stderr
+    assert not os.listdir(out / "libs")
+
+
 def test_launch_model_fit_nnls_is_the_best_nonnegative_fit():
     """The fit's NNLS against the definition: the least-squares solution restricted to every support, kept where
     it is non-negative, the best of those (exhaustive at 5 unknowns), on 40 random problems (37 of them with negative
