@@ -367,14 +367,7 @@ def run():
         sets = inputs.sets(b, h, 1, extra)
         fn = lambda a: sd.sparse_decode(**a, impl=impl)   # noqa: E731
         t, _ = B.time_fn(fn, sets, 40)
-        # the launch the op makes (ops/sparse_decode.py: sparse_decode)
-        resolved = sd.resolve_impl(h, impl)
-        if resolved == "mma64":
-            hpb, splits, stoks = sd.mma64_launch(b, 1, h, 128 + extra, num_sms)
-            kernel = sd.launch_kernel(hpb, (impl or sd.IMPL).lower(), stoks)
-        else:
-            splits, stoks = sd.choose_splits(b, 1, h, 128 + extra, num_sms, resolved)
-            hpb, kernel = sd.HEAD_TILE[resolved], resolved
+        kernel, hpb, splits, stoks = sd.launch_plan(b, 1, h, 128 + extra, num_sms, impl)   # the op's launch
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

@@ -323,6 +323,19 @@ def test_sixteen_head_launches_take_the_deep_gather_under_auto(monkeypatch):
     assert sd.launch_kernel(16, "auto", 640) == "mma64h16"
 
 
+def test_launch_plan_is_the_rule_and_the_kernel_choice():
+    """launch_plan (the launch sparse_decode makes; the trace tool prints it): for "auto" / "mma64" the mma64 rule's
+    heads per block and splits on the kernel launch_kernel picks for them, for a kernel by name its own head tile and
+    choose_splits' splits."""
+    for b, s_q, h_q, T in [(1, 1, 64, 640), (8, 1, 64, 640), (128, 1, 16, 640), (3, 2, 128, 2176), (1, 1, 8, 100)]:
+        hpb, splits, st = sd.mma64_launch(b, s_q, h_q, T, 132)
+        for impl in ("auto", "mma64"):
+            assert sd.launch_plan(b, s_q, h_q, T, 132, impl) == (sd.launch_kernel(hpb, impl, st), hpb, splits, st)
+        for impl in ("simt", "mma", "mma64h16", "mma64wsh32"):
+            assert sd.launch_plan(b, s_q, h_q, T, 132, impl) == (impl, sd.HEAD_TILE[impl],
+                                                                 *sd.choose_splits(b, s_q, h_q, T, 132, impl))
+
+
 def test_choose_splits_shapes_only():
     assert sd.choose_splits(1, 1, 64, 640, 132)[0] > 1            # b=1: split-KV
     assert sd.choose_splits(1024, 1, 64, 640, 132) == (1, 640)    # large b: one pass

@@ -193,6 +193,19 @@ def mma64_launch(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
     return best[1], best[2], best[3] * TOK_TILE
 
 
+def launch_plan(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
+                impl: Optional[str] = None) -> Tuple[str, int, int, int]:
+    """(kernel, heads per block, num_splits, split_tokens) of a call: the launch sparse_decode makes (and
+    scripts/trace_sparse_decode.py reports). Shapes only: CUDA-graph safe."""
+    requested = (impl or IMPL).lower()
+    impl = resolve_impl(h_q, impl)
+    if impl == "mma64":   # heads per block and split count chosen together
+        hpb, splits, split_tokens = mma64_launch(b, s_q, h_q, total_positions, num_sms)
+        return launch_kernel(hpb, requested, split_tokens), hpb, splits, split_tokens
+    splits, split_tokens = choose_splits(b, s_q, h_q, total_positions, num_sms, impl)
+    return impl, HEAD_TILE[impl], splits, split_tokens
+
+
 def mma64_candidates(h_q: int, tiles: int, heads_per_block: Optional[int] = None):
     """The launch shapes mma64_launch chooses among, in its tie order: (heads per block, splits, tiles per split)."""
     cands = (heads_per_block,) if heads_per_block else tuple(x for x in (16, 32, 64) if x == 16 or x // 2 < h_q)
@@ -286,14 +299,7 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
         return out, lse
     topk = indices.shape[2]
     extra_topk = extra_indices.shape[2] if has_extra else 0
-    requested = (impl or IMPL).lower()
-    impl = resolve_impl(h_q, impl)
-    num_sms = _sm_count(dev)
-    if impl == "mma64":   # heads per block and split count chosen together
-        hpb, splits, split_tokens = mma64_launch(b, s_q, h_q, topk + extra_topk, num_sms)
-        impl = launch_kernel(hpb, requested, split_tokens)
-    else:
-        splits, split_tokens = choose_splits(b, s_q, h_q, topk + extra_topk, num_sms, impl)
+    impl, _, splits, split_tokens = launch_plan(b, s_q, h_q, topk + extra_topk, _sm_count(dev), impl)
     if splits > 1:
         # the persistent per-stream buffer (ops/_workspace): consecutive calls on a stream share it, which is
         # safe because every kernel of this op waits for the previous kernel of its stream before it writes
