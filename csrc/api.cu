@@ -75,12 +75,13 @@ int dsv4_sparse_decode_params_size(void) { return (int)sizeof(SparseDecodeParams
 int dsv4_sparse_decode(const SparseDecodeParams* p, void* stream) {
   return call_op("sparse_decode", p, stream, [](const SparseDecodeParams* p) {
     if (p->b <= 0 || p->s_q <= 0 || p->h_q <= 0 || p->num_splits <= 0 || p->split_tokens <= 0 ||
-        p->b * p->s_q > 2147483647LL || p->num_splits > DSV4_SPARSE_DECODE_MAX_SPLITS || p->impl < 0 || p->impl > 8) {
+        p->b * p->s_q > 2147483647LL || p->num_splits > DSV4_SPARSE_DECODE_MAX_SPLITS || p->impl < 0 || p->impl > 8 ||
+        (p->plain_launch != 0 && p->plain_launch != 1)) {
       snprintf(g_last_error, sizeof(g_last_error),
-               "sparse_decode: bad sizes b=%lld s_q=%lld h_q=%lld splits=%lld impl=%lld (expected b, s_q, h_q >= 1, "
-               "b*s_q < 2^31, 1 <= splits <= %d, 0 <= impl <= 8)",
+               "sparse_decode: bad sizes b=%lld s_q=%lld h_q=%lld splits=%lld impl=%lld plain_launch=%lld (expected b, "
+               "s_q, h_q >= 1, b*s_q < 2^31, 1 <= splits <= %d, 0 <= impl <= 8, plain_launch 0 or 1)",
                (long long)p->b, (long long)p->s_q, (long long)p->h_q, (long long)p->num_splits, (long long)p->impl,
-               DSV4_SPARSE_DECODE_MAX_SPLITS);
+               (long long)p->plain_launch, DSV4_SPARSE_DECODE_MAX_SPLITS);
       return true;
     }
     return false;

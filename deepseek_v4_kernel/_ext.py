@@ -37,7 +37,7 @@ class SparseDecodeParams(ctypes.Structure):
         ("out", _P), ("lse", _P), ("o_part", _P), ("lse_part", _P),
         ("b", _I), ("s_q", _I), ("h_q", _I), ("num_splits", _I), ("split_tokens", _I),
         ("softmax_scale", ctypes.c_double),
-        ("impl", _I),
+        ("impl", _I), ("plain_launch", _I),
     ]
 
 

@@ -261,6 +261,25 @@ def test_max_splits_matches_params_h():
     assert struct_fields(src, "SparseDecodeParams") == [f[0] for f in SparseDecodeParams._fields_]
 
 
+def test_c_abi_rejects_a_bad_plain_launch():
+    """The C ABI takes plain_launch 0 / 1 only and names the field when it is anything else, before any launch (so
+    no GPU is needed, only the built library). 0 and 1 themselves run in every GPU test (1: a cut batch's whole
+    waves, test_gpu_batch_cut_at_whole_waves)."""
+    from deepseek_v4_kernel.errors import ExtensionUnavailable
+    from deepseek_v4_kernel._ext import SparseDecodeParams, load
+    try:
+        lib = load()
+    except ExtensionUnavailable as e:
+        pytest.skip(f"needs the built library (scripts/build_ext.sh): {e}")
+    for value in (2, -1):
+        p = SparseDecodeParams()
+        p.b = p.s_q = p.h_q = p.num_splits = 1
+        p.split_tokens, p.impl, p.plain_launch = 32, 5, value
+        rc = lib.dsv4_sparse_decode(p, None)
+        err = lib.dsv4_last_error().decode()
+        assert rc != 0 and f"plain_launch={value} " in err and "plain_launch 0 or 1" in err, (value, err)
+
+
 def test_impl_codes_match_the_c_side():
     """IMPL_CODE / HEAD_TILE (Python) and the C ABI's impl range and the launcher's mma64 instantiations
     are one table: impl 2 / 3 / 4 = mma64 with MT = 4 / 2 / 1 m16 tiles = 64 / 32 / 16 heads."""
@@ -334,6 +353,42 @@ def test_launch_plan_is_the_rule_and_the_kernel_choice():
         for impl in ("simt", "mma", "mma64h16", "mma64wsh32"):
             assert sd.launch_plan(b, s_q, h_q, T, 132, impl) == (impl, sd.HEAD_TILE[impl],
                                                                  *sd.choose_splits(b, s_q, h_q, T, 132, impl))
+
+
+def test_batch_parts_cut_only_a_partly_filled_last_wave():
+    """batch_parts (the op's cut of a batch into consecutive calls): only beyond one wave of unsplit 64-head blocks,
+    at a whole number of such waves that leaves the second call less than two waves' rows, only where the model
+    (summed over both parts, each with its own launch) says <= WAVE_CUT_GAIN x one call, and only for the launch
+    rule: a kernel by name or waves=False is one call."""
+    for h_q, per in ((64, 132), (128, 66)):
+        assert sd.batch_parts(per, 1, h_q, 640, 132) == ()                     # whole waves: nothing to cut
+        assert sd.batch_parts(per + 8, 1, h_q, 640, 132) == (per,)            # 8 rows left over
+        assert sd.batch_parts(per + 8, 1, h_q, 640, 132, "mma64") == (per,)
+        assert sd.batch_parts(per + 8, 1, h_q, 640, 132, waves=False) == ()
+        for impl in ("mma64ws", "mma64h16", "mma", "simt"):
+            assert sd.batch_parts(per + 8, 1, h_q, 640, 132, impl) == ()
+    assert sd.batch_parts(66 + 8, 2, 64, 640, 132) == (66,)                   # s_q 2: 66 rows of 2 head rows a wave
+    tiles = {640: 20, 2176: 68}
+    cuts = 0
+    for sms in (132, 170, 188):
+        for s_q in (1, 2):
+            for h_q in (16, 64, 128):
+                per = sms // (s_q * -(-h_q // 64))
+                for T in (640, 2176):
+                    for b in list(range(1, 3 * per, 5)) + [8192]:
+                        cut = sd.batch_parts(b, s_q, h_q, T, sms)
+                        if b <= per:
+                            assert cut == (), (sms, s_q, h_q, T, b)
+                        if not cut:
+                            continue
+                        cuts += 1
+                        (b1,) = cut
+                        assert b1 % per == 0 and 0 < b - b1 <= 2 * per, (sms, s_q, h_q, T, b, cut)
+                        parts = sum(sd.mma64_cost(n, s_q, h_q, tiles[T], *sd.mma64_launch(n, s_q, h_q, T, sms)[:2],
+                                                  sms) for n in (b1, b - b1))
+                        one = sd.mma64_cost(b, s_q, h_q, tiles[T], *sd.mma64_launch(b, s_q, h_q, T, sms)[:2], sms)
+                        assert parts <= sd.WAVE_CUT_GAIN * one + 1e-9
+    assert cuts > 50
 
 
 def test_choose_splits_shapes_only():
@@ -815,6 +870,38 @@ def test_gpu_prefill_sized_batch():
     sub = {k: (v[rows.to(v.device)] if k in ("q", "indices", "extra_indices", "topk_length", "extra_topk_length")
                else v) for k, v in a.items()}
     _check(sub, out[rows.cuda()], lse[rows.cuda()])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q, h_q, extra_topk", [(1, 64, 512), (2, 64, 100), (1, 128, 512), (1, 16, 2048)])
+def test_gpu_batch_cut_at_whole_waves(s_q, h_q, extra_topk):
+    """A batch a few rows beyond whole waves of unsplit 64-head blocks runs as two calls (batch_parts): the rows of
+    both parts against the float64 reference (every optional argument given, q and the indices strided, outputs
+    poisoned), the same in a CUDA graph replay; the first part's rows bit-identical to the one-call launch when that
+    is the first part's launch too (the pointers of the second part moved by whole rows)."""
+    dev = torch.device("cuda")
+    sms = sd._sm_count(dev)
+    per = sms // (s_q * -(-h_q // 64))
+    b, T = per + 5, 128 + extra_topk
+    cut = sd.batch_parts(b, s_q, h_q, T, sms)
+    assert cut == (per,), f"{sms} SMs: no cut at b = {b} ({cut}): the test would not run the second part"
+    a = _to_cuda(_case(b=b, s_q=s_q, h_q=h_q, topk=128, extra_topk=extra_topk, n_extra=extra_topk + 300,
+                       with_len=True, with_extra_len=True, sink=True, seed=61 + s_q + h_q))
+    qbig = torch.randn(b, s_q, h_q, 520, device=dev).bfloat16()              # q with a row pitch of 520
+    qbig[..., :512] = a["q"]
+    a["q"] = qbig[..., :512]
+    ibig = torch.full((b, s_q, 128, 2), -5, dtype=torch.int32, device=dev)   # indices with a position stride of 2
+    ibig[..., 0] = a["indices"]
+    a["indices"] = ibig[..., 0]
+    out, lse = _run_poisoned(a)
+    torch.cuda.synchronize()
+    _check(a, out, lse)
+    gout, glse = replay_on_poisoned(lambda: sd.sparse_decode(**a), lambda res: res)
+    assert torch.equal(gout, out) and torch.equal(glse, lse)
+    one_out, one_lse = sd.sparse_decode(**a, waves=False)
+    torch.cuda.synchronize()
+    if sd.launch_plan(b, s_q, h_q, T, sms) == sd.launch_plan(per, s_q, h_q, T, sms):
+        assert torch.equal(out[:per], one_out[:per]) and torch.equal(lse[:per], one_lse[:per])
 
 
 @pytest.mark.gpu

@@ -59,6 +59,10 @@ typedef struct SparseDecodeParams {
                             // 2: mma64 kernel (64 heads/block), 3 / 4: mma64 kernel with 32 / 16 heads/block,
                             // 5: warp-specialised 64-head kernel (kernel_ws.cuh), 6 / 7: the same with 32 / 16
                             //    heads/block, 8: 16 heads/block with the deep gather (two staging areas)
+  int64_t plain_launch;     // 1: the call's first grid is launched without PDL, so none of its blocks gets resident
+                            // before the previous kernel of the stream has completed (ops/sparse_decode.py sets it
+                            // on the whole waves of a batch it cuts, launched after the rest; see batch_parts);
+                            // 0: with PDL
 } SparseDecodeParams;
 
 #ifdef __cplusplus

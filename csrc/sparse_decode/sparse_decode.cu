@@ -46,7 +46,9 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
   int dev = 0;
   e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  const bool pdl = (g_pdl_ok.load(std::memory_order_acquire) >> (dev & 63)) & 1ull;
+  const bool pdl_ok = (g_pdl_ok.load(std::memory_order_acquire) >> (dev & 63)) & 1ull;
+  // the first grid: with PDL unless the call asks for a plain launch (params.h, plain_launch); the combine: with PDL
+  const bool pdl = pdl_ok && p.plain_launch == 0;
   const int64_t rows = p.b * p.s_q;
   if (p.impl >= 5 && p.impl <= 8) {
     // warp-specialised block (kernel_ws.cuh; 384 threads), 64 / 32 / 16 heads (MT = 4 / 2 / 1; impl 8: 16 heads with
@@ -90,7 +92,8 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
                : p.num_splits > 16 && p.num_splits <= 24
                    ? (two ? sparse_decode_combine_kernel<24, 2> : sparse_decode_combine_kernel<24, 1>)
                    : (two ? sparse_decode_combine_kernel<16, 2> : sparse_decode_combine_kernel<16, 1>);
-  return launch_kernel(kern, dim3((unsigned)rows, (unsigned)p.h_q, two ? 2u : 1u), two ? 64 : 128, 0, pdl, stream, p);
+  return launch_kernel(kern, dim3((unsigned)rows, (unsigned)p.h_q, two ? 2u : 1u), two ? 64 : 128, 0, pdl_ok, stream,
+                       p);
 }
 
 }  // namespace dsv4

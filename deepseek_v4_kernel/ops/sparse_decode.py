@@ -206,6 +206,55 @@ def launch_plan(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
     return impl, HEAD_TILE[impl], splits, split_tokens
 
 
+# Batches of more head rows than one wave of blocks (b s_q ceil(h_q / 64) > SMs: b > 132 at h_q 64 on an H100, b > 66 at
+# h_q 128; b > 188 / 94 on an RTX PRO 6000): one launch runs its last, partly filled wave of blocks as long as a full
+# one (one block per SM), and splitting every row to fill it costs every row fp32 partials (H100 run 45: b = 140, h_q
+# 64, extra 512 took 121 us, 2.3x b = 128's 53). Cut instead: the first rows in whole waves of unsplit blocks, the
+# rest as a call of its own, which the launch rule splits like any small batch. Launch order and kind, from H100 run 61
+# (docs/sparse_decode.md; the op between other kernels, b = 133 / 140, h_q 64, extra 512: 54.7 us for 132 rows alone,
+# 8.0 / 13.3 for the 1 / 8 rows left): the rest first (its split grid and combine), then the whole waves as a plain
+# launch (params.h plain_launch), 72.1 / 80.4 us; whole waves first, 79.0 / 86.8; whole waves first through PDL, 89.7
+# at b = 140 (their blocks, a whole SM's registers each, got resident while the previous call's combine still had
+# blocks to place, and starved it). Each grid still waits for the previous one's completion (griddepcontrol.wait, or
+# the plain launch), as every call's do. batch_parts takes the cut where mma64_cost, summed over the parts, says it is
+# faster by WAVE_CUT_GAIN (run 61 call 6, the op between other kernels: every cut modelled at <= 0.95 measured
+# 0.71-0.94x one launch, back to back 0.73-0.99x; those modelled above 0.95 measured 0.93-1.04x); read once at import,
+# DSV4_SPARSE_DECODE_WAVES=0: never (one launch, as before).
+WAVES = _os.environ.get("DSV4_SPARSE_DECODE_WAVES", "1") != "0"
+WAVE_CUT_GAIN = 0.95
+
+
+def _model_cost(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int) -> float:
+    """mma64_cost of the launch mma64_launch picks for b rows."""
+    hpb, splits, _ = mma64_launch(b, s_q, h_q, total_positions, num_sms)
+    return mma64_cost(b, s_q, h_q, max(1, -(-total_positions // TOK_TILE)), hpb, splits, num_sms)
+
+
+@functools.lru_cache(maxsize=4096)
+def batch_parts(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
+                impl: Optional[str] = None, waves: Optional[bool] = None) -> Tuple[int, ...]:
+    """Where sparse_decode cuts a batch into consecutive calls: () for one call, (b1,) for rows [0, b1) and [b1, b)
+    (the op launches [b1, b) first). b1 is a whole number of waves of unsplit 64-head blocks (num_sms // (s_q
+    ceil(h_q / 64)) rows each) that leaves less than two waves' rows to the other part (of the two such b1, the one
+    with the least modelled time of the two parts, each with its own launch), taken when that is <= WAVE_CUT_GAIN x
+    the modelled time of one call. Only for the launch rule ("auto" / "mma64"; a named kernel runs one call) and
+    unless waves is False (None: DSV4_SPARSE_DECODE_WAVES). Shapes only (cached): CUDA-graph safe."""
+    if not (WAVES if waves is None else waves) or resolve_impl(h_q, impl) != "mma64":
+        return ()
+    per_wave = num_sms // (s_q * (-(-h_q // 64)))
+    if per_wave < 1 or b <= per_wave:
+        return ()
+    whole = _model_cost(b, s_q, h_q, total_positions, num_sms)
+    best = None
+    last = (b - 1) // per_wave * per_wave   # the tail under one wave, or (one wave less) between one and two
+    for b1 in (last - per_wave, last) if last > per_wave else (last,):
+        c = _model_cost(b1, s_q, h_q, total_positions, num_sms) + _model_cost(b - b1, s_q, h_q, total_positions,
+                                                                              num_sms)
+        if best is None or c < best[0] - 1e-9:
+            best = (c, b1)
+    return (best[1],) if best[0] <= WAVE_CUT_GAIN * whole else ()
+
+
 def mma64_candidates(h_q: int, tiles: int, heads_per_block: Optional[int] = None):
     """The launch shapes mma64_launch chooses among, in its tie order: (heads per block, splits, tiles per split)."""
     cands = (heads_per_block,) if heads_per_block else tuple(x for x in (16, 32, 64) if x == 16 or x // 2 < h_q)
@@ -260,10 +309,10 @@ def _check_len(name, t, b, dev):
 
 
 def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, extra_indices=None,
-                  extra_topk_length=None, attn_sink=None, softmax_scale=None, head_dim_v=512, impl=None):
+                  extra_topk_length=None, attn_sink=None, softmax_scale=None, head_dim_v=512, impl=None, waves=None):
     """Returns (out [b, s_q, h_q, 512] bf16, lse [b, h_q, s_q] fp32; lse excludes attn_sink, +inf for
     rows with no valid slot). See the module docstring for the exact semantics. ``impl`` overrides
-    DSV4_SPARSE_DECODE_IMPL for this call (benches/tests)."""
+    DSV4_SPARSE_DECODE_IMPL and ``waves`` DSV4_SPARSE_DECODE_WAVES (batch_parts) for this call (benches/tests)."""
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16 or q.dim() != 4 or q.shape[3] != D \
             or not q.is_cuda:
         _fail("q", "bf16 [b, s_q, h_q, 512] on a CUDA device", _desc(q))
@@ -299,52 +348,65 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
         return out, lse
     topk = indices.shape[2]
     extra_topk = extra_indices.shape[2] if has_extra else 0
-    impl, _, splits, split_tokens = launch_plan(b, s_q, h_q, topk + extra_topk, _sm_count(dev), impl)
-    if splits > 1:
-        # the persistent per-stream buffer (ops/_workspace): consecutive calls on a stream share it, which is
-        # safe because every kernel of this op waits for the previous kernel of its stream before it writes
-        n_o = splits * b * s_q * h_q * D
-        ws = _scratch(_WORKSPACES, dev, n_o + splits * b * s_q * h_q, max_numel=WORKSPACE_CAP)
-        o_part, lse_part = ws[:n_o], ws[n_o:]
+    total, sms = topk + extra_topk, _sm_count(dev)
+    bounds = (0,) + batch_parts(b, s_q, h_q, total, sms, impl, waves) + (b,)
+    plans = [launch_plan(b1 - b0, s_q, h_q, total, sms, impl) for b0, b1 in zip(bounds, bounds[1:])]
+    # split partials: fp32 [splits, rows, h_q, 512] then [splits, rows, h_q] of the largest split part
+    n_o = max([splits * (b1 - b0) for (_, _, splits, _), b0, b1 in zip(plans, bounds, bounds[1:]) if splits > 1],
+              default=0) * s_q * h_q * D
+    if n_o:
+        # the persistent per-stream buffer (ops/_workspace): consecutive calls on a stream (and the parts of one call)
+        # share it, which is safe because every kernel of this op waits for the previous kernel of its stream before
+        # it writes
+        ws = _scratch(_WORKSPACES, dev, n_o + n_o // D, max_numel=WORKSPACE_CAP)
     else:
-        o_part = lse_part = None
+        ws = None
 
     from .._ext import SparseDecodeParams, load
     lib = load()
     why = _extension_error(dev)
     if why is not None:
         raise ExtensionUnavailable(f"{OP}: {why}")
-    p = SparseDecodeParams()
-    p.q = q.data_ptr()
-    p.q_stride_b, p.q_stride_s, p.q_stride_h = q.stride(0), q.stride(1), q.stride(2)
-    p.k_cache, p.k_page_stride, p.k_page_size, p.k_num_pages = k_cache.data_ptr(), page_stride, page_size, num_pages
-    p.indices = indices.data_ptr()
-    p.idx_stride_b, p.idx_stride_s, p.idx_stride_k = indices.stride()
-    p.topk = topk
-    if topk_length is not None:
-        p.topk_length, p.topk_length_stride = topk_length.data_ptr(), topk_length.stride(0)
-    if has_extra:
-        p.extra_k_cache, p.extra_page_stride = extra_k_cache.data_ptr(), e_stride
-        p.extra_page_size, p.extra_num_pages = e_page_size, e_pages
-        p.extra_indices = extra_indices.data_ptr()
-        p.extra_idx_stride_b, p.extra_idx_stride_s, p.extra_idx_stride_k = extra_indices.stride()
-        p.extra_topk = extra_topk
-        if extra_topk_length is not None:
-            p.extra_topk_length = extra_topk_length.data_ptr()
-            p.extra_topk_length_stride = extra_topk_length.stride(0)
-    if attn_sink is not None:
-        p.attn_sink = attn_sink.data_ptr()
-    p.out, p.lse = out.data_ptr(), lse.data_ptr()
-    if o_part is not None:
-        p.o_part, p.lse_part = o_part.data_ptr(), lse_part.data_ptr()
-    p.b, p.s_q, p.h_q, p.num_splits, p.split_tokens = b, s_q, h_q, splits, split_tokens
-    p.softmax_scale = scale
-    p.impl = IMPL_CODE[impl]
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
-        rc = lib.dsv4_sparse_decode(p, stream)
-    if rc != 0:
-        raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
+        # a cut batch: the rest first, then the whole waves (see batch_parts)
+        for (kernel, _, splits, split_tokens), b0, b1 in reversed(list(zip(plans, bounds, bounds[1:]))):
+            # rows [b0, b1): every batch-indexed pointer moved by b0 rows (bf16 2 bytes, int32 / fp32 4)
+            p = SparseDecodeParams()
+            p.q = q.data_ptr() + 2 * b0 * q.stride(0)
+            p.q_stride_b, p.q_stride_s, p.q_stride_h = q.stride(0), q.stride(1), q.stride(2)
+            p.k_cache, p.k_page_stride = k_cache.data_ptr(), page_stride
+            p.k_page_size, p.k_num_pages = page_size, num_pages
+            p.indices = indices.data_ptr() + 4 * b0 * indices.stride(0)
+            p.idx_stride_b, p.idx_stride_s, p.idx_stride_k = indices.stride()
+            p.topk = topk
+            if topk_length is not None:
+                p.topk_length = topk_length.data_ptr() + 4 * b0 * topk_length.stride(0)
+                p.topk_length_stride = topk_length.stride(0)
+            if has_extra:
+                p.extra_k_cache, p.extra_page_stride = extra_k_cache.data_ptr(), e_stride
+                p.extra_page_size, p.extra_num_pages = e_page_size, e_pages
+                p.extra_indices = extra_indices.data_ptr() + 4 * b0 * extra_indices.stride(0)
+                p.extra_idx_stride_b, p.extra_idx_stride_s, p.extra_idx_stride_k = extra_indices.stride()
+                p.extra_topk = extra_topk
+                if extra_topk_length is not None:
+                    p.extra_topk_length = extra_topk_length.data_ptr() + 4 * b0 * extra_topk_length.stride(0)
+                    p.extra_topk_length_stride = extra_topk_length.stride(0)
+            if attn_sink is not None:
+                p.attn_sink = attn_sink.data_ptr()
+            p.out = out.data_ptr() + 2 * b0 * s_q * h_q * D
+            p.lse = lse.data_ptr() + 4 * b0 * h_q * s_q
+            if splits > 1:
+                n_part = splits * (b1 - b0) * s_q * h_q
+                p.o_part, p.lse_part = ws.data_ptr(), ws[n_part * D:].data_ptr()
+            p.b, p.s_q, p.h_q, p.num_splits, p.split_tokens = b1 - b0, s_q, h_q, splits, split_tokens
+            p.softmax_scale = scale
+            p.impl = IMPL_CODE[kernel]
+            # a cut batch's whole waves: a plain launch, after the rest's combine has completed (see batch_parts)
+            p.plain_launch = int(b0 == 0 and b1 < b)
+            rc = lib.dsv4_sparse_decode(p, stream)
+            if rc != 0:
+                raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
     return out, lse
 
 
