@@ -7,7 +7,9 @@
 #      and are never installed);
 #   2. trace_sparse_decode.py run with each (default shapes; the ablations at b = 128 and 32);
 #   3. the launch sweep on the kernels "auto" launches (sweep_sparse_decode.py --auto-kernels) and
-#      fit_launch_model.py on it: whether other weights than the shipped M64_COST pick faster launches here.
+#      fit_launch_model.py on it: whether other weights than the shipped M64_COST pick faster launches here; and the
+#      sweep of batches just beyond whole waves of blocks (sweep_sparse_decode_waves.py): whether the op's cut of such
+#      batches (batch_parts, WAVE_CUT_GAIN) gains here where the model says it does.
 # Usage (repo root, a GPU, nvcc): OUT=/some/dir bash scripts/device_sparse_decode_diag.sh
 #   SKIP_SWEEP=1: steps 1-2 only (the sweep takes ~2 min on an H100); ABL_SHAPES="b,h_q,extra;...": step 2's shapes for
 #   the ablations. Everything lands in $OUT (logs, sweep JSON, fit JSON); summary.log last.
@@ -69,6 +71,10 @@ if [ -z "${SKIP_SWEEP:-}" ] && [ -f "$OUT/libs/base.so" ]; then
   python3 scripts/fit_launch_model.py "$OUT/sweep/sweep_sparse_decode.json" --json "$OUT/fit.json" > "$OUT/fit.log" 2>&1
   log "fit rc=$?"
   tail -n 25 "$OUT/fit.log"
+  DSV4_KERNEL_LIB="$OUT/libs/base.so" timeout 600 python3 scripts/sweep_sparse_decode_waves.py --separator --parts \
+    --out "$OUT/sweep_waves.json" > "$OUT/sweep_waves.log" 2>&1
+  log "waves sweep rc=$?"
+  grep -v "^\[deepseek_v4_kernel\|UserWarning\|_warn_once" "$OUT/sweep_waves.log" | tail -n 40
 fi
 cat "$OUT/trace.log"
 cat "$OUT/summary.log"
