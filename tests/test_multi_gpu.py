@@ -128,6 +128,16 @@ def test_sparse_decode_every_impl_on_the_second_gpu():
     out, lse = sd.sparse_decode(**a)
     torch.cuda.synchronize(1)
     _check(a, out, lse)
+    # a batch 5 rows beyond one wave of cuda:1's SMs: two calls (batch_parts), both launched on cuda:1's stream with
+    # cuda:0 current
+    sms1 = torch.cuda.get_device_properties(1).multi_processor_count
+    assert sd.batch_parts(sms1 + 5, 1, 64, 640, sms1) == (sms1,)
+    a = _to_cuda(_case(b=sms1 + 5, s_q=1, h_q=64, topk=128, extra_topk=512, n_extra=1200, with_len=True, sink=True,
+                       seed=24), OTHER)
+    assert torch.cuda.current_device() == 0
+    out, lse = sd.sparse_decode(**a)
+    torch.cuda.synchronize(1)
+    _check(a, out, lse)
 
 
 def _needs_hc_prenorm_extension():
