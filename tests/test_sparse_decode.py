@@ -877,8 +877,8 @@ def test_gpu_prefill_sized_batch():
 def test_gpu_batch_cut_at_whole_waves(s_q, h_q, extra_topk):
     """A batch a few rows beyond whole waves of unsplit 64-head blocks runs as two calls (batch_parts): the rows of
     both parts against the float64 reference (every optional argument given, q and the indices strided, outputs
-    poisoned), the same in a CUDA graph replay; the first part's rows bit-identical to the one-call launch when that
-    is the first part's launch too (the pointers of the second part moved by whole rows)."""
+    poisoned; the rows [b1, b) are the ones whose pointers the op moves by b1 rows), the same in a CUDA graph replay;
+    the whole waves' rows bit-identical to the one-call launch when that is their launch too."""
     dev = torch.device("cuda")
     sms = sd._sm_count(dev)
     per = sms // (s_q * -(-h_q // 64))
