@@ -214,9 +214,8 @@ def launch_plan(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
 # (docs/sparse_decode.md; the op between other kernels, b = 133 / 140, h_q 64, extra 512: 54.7 us for 132 rows alone,
 # 8.0 / 13.3 for the 1 / 8 rows left): the rest first (its split grid and combine), then the whole waves as a plain
 # launch (params.h plain_launch), 72.1 / 80.4 us; whole waves first, 79.0 / 86.8; whole waves first through PDL, 89.7
-# at b = 140 (their blocks, a whole SM's registers each, got resident while the previous call's combine still had
-# blocks to place, and starved it). Each grid still waits for the previous one's completion (griddepcontrol.wait, or
-# the plain launch), as every call's do. batch_parts takes the cut where mma64_cost, summed over the parts, says it is
+# at b = 140, and with PDL off everywhere 75.8 (why PDL costs here was not traced). Each grid still waits for the
+# previous one's completion (griddepcontrol.wait, or the plain launch), as every call's do. batch_parts takes the cut where mma64_cost, summed over the parts, says it is
 # faster by WAVE_CUT_GAIN (run 61 call 6, the op between other kernels: every cut modelled at <= 0.95 measured
 # 0.71-0.94x one launch, back to back 0.73-0.99x; those modelled above 0.95 measured 0.93-1.04x); read once at import,
 # DSV4_SPARSE_DECODE_WAVES=0: never (one launch, as before).
