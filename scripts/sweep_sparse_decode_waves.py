@@ -41,22 +41,10 @@ def shapes(num_sms, quick):
     return out
 
 
-def candidates(b, h_q, s_q, num_sms):
-    """The cuts batch_parts weighs (b1 values), the rule's own first."""
-    per = num_sms // (s_q * -(-h_q // 64))
-    if b <= per:
-        return []
-    last = (b - 1) // per * per
-    return [x for x in (last, last - per) if x > 0]
-
-
 def model_ratio(b, b1, h_q, s_q, T, num_sms):
-    tiles = -(-T // sd.TOK_TILE)
-
-    def cost(n):
-        hpb, splits, _ = sd.mma64_launch(n, s_q, h_q, T, num_sms)
-        return sd.mma64_cost(n, s_q, h_q, tiles, hpb, splits, num_sms)
-    return (cost(b1) + cost(b - b1)) / cost(b)
+    """The launch model's time of the cut at b1 (both parts) over that of one launch."""
+    return (sd.model_cost(b1, s_q, h_q, T, num_sms) + sd.model_cost(b - b1, s_q, h_q, T, num_sms)) / \
+        sd.model_cost(b, s_q, h_q, T, num_sms)
 
 
 def main(argv=None):
@@ -77,24 +65,21 @@ def main(argv=None):
     inp = B.DecodeInputs(torch.Generator(device="cuda").manual_seed(0))
     orig = sd.batch_parts
     sep = torch.zeros(1, device=dev)
+    sep_us = 0.0
     if a.separator:
         sep_us = min(B.time_fn(lambda x: sep.add_(1.0), [None] * 4, a.reps)[0] for _ in range(a.rounds))
         print(f"separator kernel alone: {sep_us:.2f} us per call (subtracted below)", flush=True)
 
-        def call(x):
-            sd.sparse_decode(**x)
+    def call(x):
+        sd.sparse_decode(**x)
+        if a.separator:
             sep.add_(1.0)
-    else:
-        sep_us = 0.0
-
-        def call(x):
-            sd.sparse_decode(**x)
     rows = []
     for (b, h_q, s_q, extra) in shapes(num_sms, a.quick):
         T = 128 + extra
         sets = inp.sets(b, h_q, s_q, extra)
         points = {"one": None}
-        for b1 in candidates(b, h_q, s_q, num_sms):
+        for b1 in sorted(sd.wave_cut_candidates(b, s_q, h_q, num_sms), reverse=True):   # the larger cut first
             points[f"cut {b1}"] = b1
         best = {}
         for _ in range(a.rounds):

@@ -215,18 +215,28 @@ def launch_plan(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
 # 8.0 / 13.3 for the 1 / 8 rows left): the rest first (its split grid and combine), then the whole waves as a plain
 # launch (params.h plain_launch), 72.1 / 80.4 us; whole waves first, 79.0 / 86.8; whole waves first through PDL, 89.7
 # at b = 140, and with PDL off everywhere 75.8 (why PDL costs here was not traced). Each grid still waits for the
-# previous one's completion (griddepcontrol.wait, or the plain launch), as every call's do. batch_parts takes the cut where mma64_cost, summed over the parts, says it is
-# faster by WAVE_CUT_GAIN (run 61 call 6, the op between other kernels: every cut modelled at <= 0.95 measured
-# 0.71-0.94x one launch, back to back 0.73-0.99x; those modelled above 0.95 measured 0.93-1.04x); read once at import,
-# DSV4_SPARSE_DECODE_WAVES=0: never (one launch, as before).
+# previous one's completion (griddepcontrol.wait, or the plain launch), as every call's do. batch_parts takes the cut
+# where mma64_cost, summed over the parts, says it is faster by WAVE_CUT_GAIN (run 61 call 6, the op between other
+# kernels: every cut modelled at <= 0.95 measured 0.71-0.94x one launch, back to back 0.73-0.99x; those modelled above
+# 0.95 measured 0.93-1.04x); read once at import, DSV4_SPARSE_DECODE_WAVES=0: never (one launch, as before).
 WAVES = _os.environ.get("DSV4_SPARSE_DECODE_WAVES", "1") != "0"
 WAVE_CUT_GAIN = 0.95
 
 
-def _model_cost(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int) -> float:
+def model_cost(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int) -> float:
     """mma64_cost of the launch mma64_launch picks for b rows."""
     hpb, splits, _ = mma64_launch(b, s_q, h_q, total_positions, num_sms)
     return mma64_cost(b, s_q, h_q, max(1, -(-total_positions // TOK_TILE)), hpb, splits, num_sms)
+
+
+def wave_cut_candidates(b: int, s_q: int, h_q: int, num_sms: int) -> Tuple[int, ...]:
+    """The cuts batch_parts weighs: whole waves of unsplit 64-head blocks (num_sms // (s_q ceil(h_q / 64)) rows each)
+    that leave the rest under one wave, or (one wave less) between one and two; () within one wave."""
+    per_wave = num_sms // (s_q * (-(-h_q // 64)))
+    if per_wave < 1 or b <= per_wave:
+        return ()
+    last = (b - 1) // per_wave * per_wave
+    return (last - per_wave, last) if last > per_wave else (last,)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -240,18 +250,14 @@ def batch_parts(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
     unless waves is False (None: DSV4_SPARSE_DECODE_WAVES). Shapes only (cached): CUDA-graph safe."""
     if not (WAVES if waves is None else waves) or resolve_impl(h_q, impl) != "mma64":
         return ()
-    per_wave = num_sms // (s_q * (-(-h_q // 64)))
-    if per_wave < 1 or b <= per_wave:
-        return ()
-    whole = _model_cost(b, s_q, h_q, total_positions, num_sms)
     best = None
-    last = (b - 1) // per_wave * per_wave   # the tail under one wave, or (one wave less) between one and two
-    for b1 in (last - per_wave, last) if last > per_wave else (last,):
-        c = _model_cost(b1, s_q, h_q, total_positions, num_sms) + _model_cost(b - b1, s_q, h_q, total_positions,
-                                                                              num_sms)
+    for b1 in wave_cut_candidates(b, s_q, h_q, num_sms):
+        c = model_cost(b1, s_q, h_q, total_positions, num_sms) + model_cost(b - b1, s_q, h_q, total_positions, num_sms)
         if best is None or c < best[0] - 1e-9:
             best = (c, b1)
-    return (best[1],) if best[0] <= WAVE_CUT_GAIN * whole else ()
+    if best is None or best[0] > WAVE_CUT_GAIN * model_cost(b, s_q, h_q, total_positions, num_sms):
+        return ()
+    return (best[1],)
 
 
 def mma64_candidates(h_q: int, tiles: int, heads_per_block: Optional[int] = None):
@@ -366,38 +372,40 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
     why = _extension_error(dev)
     if why is not None:
         raise ExtensionUnavailable(f"{OP}: {why}")
+
+    def row(t, b0):   # address of row b0 of t (q, the indices, the lengths, out, lse: all have b as dim 0)
+        return t.data_ptr() + b0 * t.stride(0) * t.element_size()
+
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
         # a cut batch: the rest first, then the whole waves (see batch_parts)
         for (kernel, _, splits, split_tokens), b0, b1 in reversed(list(zip(plans, bounds, bounds[1:]))):
-            # rows [b0, b1): every batch-indexed pointer moved by b0 rows (bf16 2 bytes, int32 / fp32 4)
             p = SparseDecodeParams()
-            p.q = q.data_ptr() + 2 * b0 * q.stride(0)
+            p.q = row(q, b0)
             p.q_stride_b, p.q_stride_s, p.q_stride_h = q.stride(0), q.stride(1), q.stride(2)
             p.k_cache, p.k_page_stride = k_cache.data_ptr(), page_stride
             p.k_page_size, p.k_num_pages = page_size, num_pages
-            p.indices = indices.data_ptr() + 4 * b0 * indices.stride(0)
+            p.indices = row(indices, b0)
             p.idx_stride_b, p.idx_stride_s, p.idx_stride_k = indices.stride()
             p.topk = topk
             if topk_length is not None:
-                p.topk_length = topk_length.data_ptr() + 4 * b0 * topk_length.stride(0)
+                p.topk_length = row(topk_length, b0)
                 p.topk_length_stride = topk_length.stride(0)
             if has_extra:
                 p.extra_k_cache, p.extra_page_stride = extra_k_cache.data_ptr(), e_stride
                 p.extra_page_size, p.extra_num_pages = e_page_size, e_pages
-                p.extra_indices = extra_indices.data_ptr() + 4 * b0 * extra_indices.stride(0)
+                p.extra_indices = row(extra_indices, b0)
                 p.extra_idx_stride_b, p.extra_idx_stride_s, p.extra_idx_stride_k = extra_indices.stride()
                 p.extra_topk = extra_topk
                 if extra_topk_length is not None:
-                    p.extra_topk_length = extra_topk_length.data_ptr() + 4 * b0 * extra_topk_length.stride(0)
+                    p.extra_topk_length = row(extra_topk_length, b0)
                     p.extra_topk_length_stride = extra_topk_length.stride(0)
             if attn_sink is not None:
                 p.attn_sink = attn_sink.data_ptr()
-            p.out = out.data_ptr() + 2 * b0 * s_q * h_q * D
-            p.lse = lse.data_ptr() + 4 * b0 * h_q * s_q
+            p.out, p.lse = row(out, b0), row(lse, b0)
             if splits > 1:
                 n_part = splits * (b1 - b0) * s_q * h_q
-                p.o_part, p.lse_part = ws.data_ptr(), ws[n_part * D:].data_ptr()
+                p.o_part, p.lse_part = ws.data_ptr(), ws.data_ptr() + n_part * D * ws.element_size()
             p.b, p.s_q, p.h_q, p.num_splits, p.split_tokens = b1 - b0, s_q, h_q, splits, split_tokens
             p.softmax_scale = scale
             p.impl = IMPL_CODE[kernel]
