@@ -1,0 +1,18 @@
+#!/bin/bash
+# run 62 call 7: triton 3.8.0 assembled (as call 2); with the presplit gate (ops/hc_prenorm.presplit_allowed):
+# scripts/stress_hc_prenorm.py native (wgmma) and DISABLE_MMA_V3=1, test_hc_prenorm.py (AOT deselected), the doctor.
+export PYTHONUNBUFFERED=1 DSV4_KERNEL_FORCE=1 DSV4_KERNEL_LIB=$PWD/build/run62.so
+cp .whl/t38.1 /tmp/t38parts/ 2>/dev/null
+cat /tmp/t38parts/t38.0 /tmp/t38parts/t38.1 > /tmp/t38.tar.xz
+echo "$(cut -d' ' -f1 .whl/t38.sha256)  /tmp/t38.tar.xz" | sha256sum -c - || exit 3
+rm -rf /tmp/t38 && mkdir -p /tmp/t38 && tar -C /tmp/t38 -xJf /tmp/t38.tar.xz || exit 4
+sed -i "/amd/d" /tmp/t38/triton-3.8.0.dist-info/entry_points.txt   # the trimmed tree has no AMD backend
+export PYTHONPATH=/tmp/t38 TRITON_CACHE_DIR=/tmp/tcache38
+python3 scripts/stress_hc_prenorm.py --budget 90 --rounds 100000 --seed 3 > $OUT/stress38_native_gated.log 2>&1
+echo "native rc=$?"; tail -n 22 $OUT/stress38_native_gated.log | cut -c1-200
+DISABLE_MMA_V3=1 python3 scripts/stress_hc_prenorm.py --budget 60 --rounds 100000 --seed 4 > $OUT/stress38_mma_gated.log 2>&1
+echo "mma rc=$?"; tail -n 2 $OUT/stress38_mma_gated.log | cut -c1-200
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_hc_prenorm.py -k "not sm120_aot" > $OUT/pytest_hc38_gated.log 2>&1
+echo "pytest rc=$?"; tail -n 3 $OUT/pytest_hc38_gated.log | cut -c1-200
+( time timeout 150 python3 -m deepseek_v4_kernel doctor ) > $OUT/doctor38.log 2>&1
+echo "doctor rc=$?"; grep -E "PASS|FAIL|versions|^real" $OUT/doctor38.log | cut -c1-180
