@@ -1035,6 +1035,28 @@ def test_sm120_aot_compile_smem_and_no_sm90_only_instructions(sm120_aot, case):
     assert d["cp_async"] or d["cfg"]["fma"], d
 
 
+@pytest.mark.parametrize("version, wgmma_presplit", [((3, 6), True), ((3, 8), False), ((3, 7), False),
+                                                     ((4, 0), False), ((3, 5), True)])
+def test_presplit_off_for_wgmma_builds_of_unchecked_triton(monkeypatch, version, wgmma_presplit):
+    """H100 run 62: under triton 3.8.0 the wgmma build of the presplit kernel gave other bits on repeated calls (and ~8x
+    the usual error); so with wgmma (sm_90 natively) presplit holds only up to the last Triton version checked, from the
+    table and from _config alike, while mma.sync builds (SM120) keep it under every version."""
+    monkeypatch.setattr(hp, "triton_version", lambda: version)
+    for m, over in ((8192, None), (4096, None), (512, {"fma": False, "block_m": 64, "p": 32, "r": 16,
+                                                       "presplit": True})):
+        assert hp.choose_config(m, 16384, 1, 132, over, "wgmma")["presplit"] is wgmma_presplit, (m, version)
+        assert hp.choose_config(m, 16384, 1, 188, over, "mma")["presplit"] is True, (m, version)
+    # the table's per-tile buckets stay per tile under every version
+    assert hp.choose_config(64, 16384, 1, 132, None, "wgmma")["presplit"] is False
+
+
+def test_triton_version_parses_the_installed_version():
+    import triton
+    v = hp.triton_version()
+    assert len(v) == 2 and all(isinstance(x, int) for x in v) and v >= (3, 0), v
+    assert ".".join(map(str, v)) == ".".join(triton.__version__.split(".")[:2]), (v, triton.__version__)
+
+
 @pytest.mark.parametrize("S", [1, 2, 16, 64])
 def test_tile_table_resolves_within_limits(S):
     """Every m bucket of the tile table, at 132 (H100) and 188 (RTX PRO 6000) SMs:

@@ -5,6 +5,21 @@ import functools
 import torch
 
 
+@functools.lru_cache(maxsize=None)
+def triton_version() -> tuple:
+    """(major, minor) of the installed Triton, which JIT-compiles the Triton kernels on the user's GPU (each SGLang
+    image's torch pins it: 3.6 up to SGLang 0.5.17, 3.8 in 0.5.23). Some launch choices were measured per version
+    (ops/hc_prenorm.presplit_allowed, ops/fp4_moe.default_impl); versions newer than the last one measured take the
+    choice that did not regress there."""
+    import triton
+
+    parts = []
+    for piece in triton.__version__.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 

@@ -73,7 +73,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
-from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count
+from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count, triton_version
 from deepseek_v4_kernel.ops._workspace import scratch as _scratch
 from deepseek_v4_kernel.ops._workspace import zeroed as _zeroed
 
@@ -484,12 +484,30 @@ def legacy_config(m: int, K: int, S: int, num_sms: int) -> dict:
                 num_stages=3)
 
 
+# Triton versions whose wgmma build of the presplit kernel (sm_90 natively: both fn planes loaded as MMA operands, two
+# async wgmma per K step) gives the same bits on every call. H100 run 62 (docs/hc_prenorm.md), scripts/stress_hc_prenorm.py,
+# every call on fresh inputs after poisoning the workspaces, each repeated: triton 3.6.0, no pair of 779 per config
+# differed; triton 3.8.0 (SGLang 0.5.23's) the presplit configs differed on 97-100 % of the pairs (m = 512 forced
+# presplit, m = 4096 / 8192 the table's) with ~8x the usual error (0.09 of the tests' bound against 0.012), the others on
+# none; the mma.sync builds (DISABLE_MMA_V3=1, SM120's instruction class) on none under either. So where Triton builds
+# wgmma and is newer than the last version checked, fn is split per tile instead (the same numbers; presplit's gain,
+# run 7, was measured on mma.sync builds).
+PRESPLIT_WGMMA_MAX_TRITON = (3, 6)
+
+
+def presplit_allowed(kind: str) -> bool:
+    """Whether the ``presplit`` table field may apply: always for mma.sync builds (SM120), for wgmma builds only up
+    to PRESPLIT_WGMMA_MAX_TRITON (see there)."""
+    return kind != "wgmma" or triton_version() <= PRESPLIT_WGMMA_MAX_TRITON
+
+
 def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None = None,
                   kind: str = "mma") -> dict:
     """Kernel variant, tile shape, sub-split count P and reducer count R for one call
     (host-side, shape-only). ``kind`` picks the table (``mma_kind``). ``overrides``
     (bench sweeps, tests) replaces table fields; an explicit ``p`` or ``r`` there is
-    used as is (clamped to the split's block count / P / the tile's rows)."""
+    used as is (clamped to the split's block count / P / the tile's rows). ``presplit``, from the
+    table or the overrides, holds only where ``presplit_allowed(kind)``."""
     o = overrides or {}
     cfg = _table_entry(m, kind)
     ppsm = cfg.pop("ppsm", 16)
@@ -520,7 +538,7 @@ def choose_config(m: int, K: int, S: int, num_sms: int, overrides: dict | None =
         r //= 2
     cfg.update(p=p, r=r, rb=rows_t // r, pb=cfg.get("pb"))
     cfg.setdefault("num_stages", 3)
-    cfg["presplit"] = bool(cfg.get("presplit", False)) and not cfg["fma"]
+    cfg["presplit"] = bool(cfg.get("presplit", False)) and not cfg["fma"] and presplit_allowed(kind)
     cfg["sq2d"] = bool(cfg.get("sq2d", False))
     return cfg
 
