@@ -495,10 +495,29 @@ def test_default_impl_by_capability():
     if os.environ.get("DSV4_FP4_MOE_IMPL"):
         pytest.skip("DSV4_FP4_MOE_IMPL set")
     major = torch.cuda.get_device_capability()[0]
-    want = op.DEFAULT_IMPL_CC10 if major >= 10 else op.DEFAULT_IMPL_SM90
+    want = dict(op.DEFAULT_IMPL_CC10 if major >= 10 else op.DEFAULT_IMPL_SM90)
+    if op.triton_version() > op.DEQUANT_DECODE_MAX_TRITON:
+        want = {k: "dot_scaled" if v == "dequant" else v for k, v in want.items()}
     for name in ("decode", "mid", "prefill"):
         assert op.default_impl(name) == want[name]
     assert op.regime(1, 6, 256) == "decode" and op.regime(8192, 6, 256) == "prefill"
+
+
+@pytest.mark.parametrize("cc, version, decode", [((12, 0), (3, 6), "dequant"), ((12, 0), (3, 8), "dot_scaled"),
+                                                 ((9, 0), (3, 6), "dequant"), ((9, 0), (3, 8), "dot_scaled"),
+                                                 ((12, 0), (3, 5), "dequant"), ((12, 0), (4, 1), "dot_scaled")])
+def test_default_impl_decode_regime_by_triton_version(monkeypatch, cc, version, decode):
+    """H100 run 62: triton 3.8.0 builds "dequant" through shared memory and it lost 1.4x to "dot_scaled" at 64-256
+    tokens; so the decode regime takes "dequant" only up to DEQUANT_DECODE_MAX_TRITON, and the other regimes keep
+    their table's impl under every version."""
+    monkeypatch.delenv("DSV4_FP4_MOE_IMPL", raising=False)
+    monkeypatch.setattr(op, "_interp", lambda: False)
+    monkeypatch.setattr(op.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(op.torch.cuda, "get_device_capability", lambda device=None: cc)
+    monkeypatch.setattr(op, "triton_version", lambda: version)
+    table = op.DEFAULT_IMPL_CC10 if cc[0] >= 10 else op.DEFAULT_IMPL_SM90
+    assert op.default_impl("decode", "cuda") == decode
+    assert op.default_impl("mid", "cuda") == table["mid"] and op.default_impl("prefill", "cuda") == table["prefill"]
 
 
 # ----------------------------------------------------------------------------- sm_120 AOT (CPU)

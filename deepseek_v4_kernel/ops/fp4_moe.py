@@ -55,7 +55,8 @@ The interpreter (TRITON_INTERPRET=1; no dot_scaled there) always runs "dequant" 
 dots and fp32 intermediates (its bf16 casts truncate); "cuda_decode" needs a CUDA device.
 Default (pick_impl): env DSV4_FP4_MOE_IMPL, else "cuda_decode" up to CUDA_DECODE_DEFAULT_SLOTS
 slots where it applies, else DEFAULT_IMPL_CC10 on cc >= 10 and DEFAULT_IMPL_SM90 below (chosen
-from the H100 runs, see docs/fp4_moe.md).
+from the H100 runs, see docs/fp4_moe.md), with "dot_scaled" for the decode regime's "dequant" under
+a Triton newer than DEQUANT_DECODE_MAX_TRITON.
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count
+from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count, triton_version
 
 OP = "fp4_moe"
 SMEM_LIMIT = 101376
@@ -87,6 +88,13 @@ DEFAULT_IMPL_SM90 = {"decode": "dequant", "mid": "dot_scaled", "prefill": "dot_s
 # prefill use the one variant Triton lowers to SM120's native block-scaled MMA (MXFP8 activations,
 # the precision class of SGLang's own SM120 FlashInfer path and of DeepGEMM's FP8 x FP4 GEMMs).
 DEFAULT_IMPL_CC10 = {"decode": "dequant", "mid": "mxfp8", "prefill": "mxfp8"}
+# The decode regime's "dequant" holds up to this Triton version. H100 run 62 (docs/fp4_moe.md), mma.sync builds
+# (DISABLE_MMA_V3=1, SM120's instruction class), DeepSeek-V4's experts: triton 3.8.0 (SGLang 0.5.23's) passes the
+# dequantised bf16 weight tiles and the activation halves to the MMA through shared memory (sm_120a build: 196
+# registers instead of 119, 20480 B of shared memory instead of 13312), and "dequant" took 1.22-1.73x its triton
+# 3.6.0 time at 64-256 tokens (64: 1657 -> 2868 us), 1.39-1.42x "dot_scaled"'s, whose build did not change (64: 2035
+# us under both). So under a newer Triton the decode regime runs "dot_scaled" (exact as well).
+DEQUANT_DECODE_MAX_TRITON = (3, 6)
 SMALL_ROUTE_MAX_SLOTS = 512
 
 # compiled kernels of the last call (for the shared-memory test)
@@ -690,7 +698,10 @@ def default_impl(regime_name: str = "decode", device=None) -> str:
     if device is not None and torch.device(device).type != "cuda":
         return "dequant"
     major = torch.cuda.get_device_capability(device)[0]
-    return (DEFAULT_IMPL_CC10 if major >= 10 else DEFAULT_IMPL_SM90)[regime_name]
+    impl = (DEFAULT_IMPL_CC10 if major >= 10 else DEFAULT_IMPL_SM90)[regime_name]
+    if impl == "dequant" and triton_version() > DEQUANT_DECODE_MAX_TRITON:
+        return "dot_scaled"
+    return impl
 
 
 # --------------------------------------------------------------------------- checks
