@@ -30,8 +30,7 @@ K, N = 16384, 24
 _MMA = {"fma": False}
 # (label, m, num_splits, impl, _config): the Triton configs of test_gpu_cuda_graph_replay_and_determinism, the tile
 # table's buckets (waiting reducers R > 1 at m 4..1024; presplit from 2048 with mma.sync, above it with wgmma) forced
-# to the Triton kernel, and the
-# compiled kernels that share the counters
+# to the Triton kernel, and the compiled kernels that share the counters
 CASES = [
     ("triton cfg5 m512 p32 r16 presplit", 512, None, "triton",
      {**_MMA, "num_stages": 4, "block_m": 64, "p": 32, "r": 16, "presplit": True}),
