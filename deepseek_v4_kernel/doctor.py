@@ -123,6 +123,27 @@ def _sums_info() -> str:
             f"{_HC_ATOMIC_ENV}=0 or SGLang's --enable-deterministic-inference: fixed order)")
 
 
+def _triton_choices_info() -> str:
+    """The launch choices that depend on the installed Triton (it JIT-compiles the Triton kernels; each SGLang image
+    pins its own, 3.8 in 0.5.23): said, since they change which kernel a call runs."""
+    try:
+        from .ops import fp4_moe, hc_prenorm
+        from .ops._device import triton_version
+        v = triton_version()
+    except Exception as e:  # noqa: BLE001 - the doctor reports, never fails
+        return f"unknown (the Triton ops do not import: {type(e).__name__}: {e})"
+    name = ".".join(map(str, v))
+    said = []
+    if v > fp4_moe.DEQUANT_DECODE_MAX_TRITON:
+        said.append(f"fp4_moe's decode regime runs dot_scaled, not dequant (slower under triton {name})")
+    if v > hc_prenorm.PRESPLIT_WGMMA_MAX_TRITON:
+        said.append("hc_prenorm's Triton kernel splits fn per tile where Triton builds wgmma (sm_90; not repeatable "
+                    "with presplit there)")
+    if not said:
+        return f"triton {name}: the defaults as measured"
+    return f"triton {name}: " + "; ".join(said) + " (docs/fp4_moe.md, docs/hc_prenorm.md run 62)"
+
+
 def collect(run_selftest: bool = True, import_modules: bool = True, devices=None) -> dict:
     """``devices``: the GPUs to self-test ("cuda:N" strings; default every visible one)."""
     dev = policy.device_info()
@@ -139,6 +160,7 @@ def collect(run_selftest: bool = True, import_modules: bool = True, devices=None
         "torch": _torch_info(),
         "extension": _extension_info(),
         "sums": _sums_info(),
+        "triton_choices": _triton_choices_info(),
     }
     out["patch"] = _targets(import_modules)
     if run_selftest and out["torch"].get("cuda_available") and out["patch"]["active"]:
@@ -178,6 +200,8 @@ def format_text(d: dict) -> str:
                      f"uses its Triton kernels: {g['why']}")
     if d.get("sums"):
         lines.append(f"hc_prenorm sums: {d['sums']}")
+    if d.get("triton_choices"):
+        lines.append(f"Triton-dependent choices: {d['triton_choices']}")
     p = d["patch"]
     lines.append(f"patch layer: {'ACTIVE' if p['active'] else 'inactive'} ({p['why']}); SGLang {p['sglang'] or 'not installed'}")
     for r in p["targets"]:

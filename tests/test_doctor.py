@@ -33,6 +33,19 @@ def test_doctor_text_says_what_would_happen():
     assert "self-test:" in r.stdout or "self-test (on " in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("version, says", [((3, 6), ["the defaults as measured"]),
+                                           ((3, 8), ["dot_scaled, not dequant", "per tile where Triton builds wgmma"])])
+def test_doctor_says_the_triton_dependent_choices(monkeypatch, version, says):
+    from deepseek_v4_kernel import doctor
+    from deepseek_v4_kernel.ops import _device
+
+    monkeypatch.setattr(_device, "triton_version", lambda: version)
+    text = doctor._triton_choices_info()
+    assert text.startswith("triton " + ".".join(map(str, version))), text
+    for s in says:
+        assert s in text, text
+
+
 def test_cli_usage_errors():
     r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "nonsense"], capture_output=True, text=True,
                        cwd=ROOT, timeout=60)
