@@ -134,9 +134,9 @@ def _triton_choices_info() -> str:
         return f"unknown (the Triton ops do not import: {type(e).__name__}: {e})"
     name = ".".join(map(str, v))
     said = []
-    if v > fp4_moe.DEQUANT_DECODE_MAX_TRITON:
+    if not fp4_moe.decode_dequant_allowed():
         said.append(f"fp4_moe's decode regime runs dot_scaled, not dequant (slower under triton {name})")
-    if v > hc_prenorm.PRESPLIT_WGMMA_MAX_TRITON:
+    if not hc_prenorm.presplit_allowed("wgmma"):
         said.append("hc_prenorm's Triton kernel splits fn per tile where Triton builds wgmma (sm_90; not repeatable "
                     "with presplit there)")
     if not said:

@@ -37,9 +37,10 @@ def test_doctor_text_says_what_would_happen():
                                            ((3, 8), ["dot_scaled, not dequant", "per tile where Triton builds wgmma"])])
 def test_doctor_says_the_triton_dependent_choices(monkeypatch, version, says):
     from deepseek_v4_kernel import doctor
-    from deepseek_v4_kernel.ops import _device
+    from deepseek_v4_kernel.ops import _device, fp4_moe, hc_prenorm
 
-    monkeypatch.setattr(_device, "triton_version", lambda: version)
+    for mod in (_device, fp4_moe, hc_prenorm):   # the ops hold the function by name
+        monkeypatch.setattr(mod, "triton_version", lambda: version)
     text = doctor._triton_choices_info()
     assert text.startswith("triton " + ".".join(map(str, version))), text
     for s in says:

@@ -699,9 +699,14 @@ def default_impl(regime_name: str = "decode", device=None) -> str:
         return "dequant"
     major = torch.cuda.get_device_capability(device)[0]
     impl = (DEFAULT_IMPL_CC10 if major >= 10 else DEFAULT_IMPL_SM90)[regime_name]
-    if impl == "dequant" and triton_version() > DEQUANT_DECODE_MAX_TRITON:
+    if impl == "dequant" and not decode_dequant_allowed():
         return "dot_scaled"
     return impl
+
+
+def decode_dequant_allowed() -> bool:
+    """Whether the decode regime's "dequant" default holds under the installed Triton (DEQUANT_DECODE_MAX_TRITON)."""
+    return triton_version() <= DEQUANT_DECODE_MAX_TRITON
 
 
 # --------------------------------------------------------------------------- checks
