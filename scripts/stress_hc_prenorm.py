@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from deepseek_v4_kernel.ops import hc_prenorm as hp  # noqa: E402
-from deepseek_v4_kernel.reference.hc_prenorm import hc_prenorm_gemm_ref, split_bounds  # noqa: E402
+from deepseek_v4_kernel.reference.hc_prenorm import hc_prenorm_abs_scale, hc_prenorm_gemm_ref  # noqa: E402
 
 K, N = 16384, 24
 _MMA = {"fma": False}
@@ -48,20 +48,17 @@ CASES = [
 
 
 def reference(x, fn, S):
-    """float64 out [S, m, n], sqrsum [S, m] (the project's reference) and the tests' bound's scale A = |x| |fn|^T
-    over each split's slice (tests/test_hc_prenorm.py _check: |err| <= 2^-13 A with bf16x2)."""
+    """float64 out [S, m, n], sqrsum [S, m] (the project's reference) and the tests' bound's scale A
+    (tests/test_hc_prenorm.py _check: |err| <= 2^-13 A with bf16x2)."""
     ro, rs = hc_prenorm_gemm_ref(x, fn, S)
-    xa, fa = x.double().abs(), fn.double().abs()
-    A = torch.stack([xa[:, a:b] @ fa[:, a:b].T for a, b in split_bounds(x.shape[1], S)])
     Sn = 1 if S is None else S
-    return ro.reshape(Sn, *ro.shape[-2:]), rs.reshape(Sn, -1), A
+    return ro.reshape(Sn, *ro.shape[-2:]), rs.reshape(Sn, -1), hc_prenorm_abs_scale(x, fn, S)
 
 
 def poison_workspaces():
-    for pool in (hp._WORKSPACES,):
-        for bufs in pool.values():
-            for t in bufs:
-                t.fill_(float("nan"))
+    for bufs in hp._WORKSPACES.values():
+        for t in bufs:
+            t.fill_(float("nan"))
 
 
 def counters_nonzero():
@@ -92,12 +89,12 @@ def main():
     stats = {c[0]: dict(calls=0, wrong=0, nan=0, bits=0, counters=0, worst=0.0, first_fail=None) for c in cases}
     t0 = time.time()
     for rnd in range(a.rounds):
-        order = list(cases)
+        order = list(enumerate(cases))
         rng.shuffle(order)
         graph = on_gpu and a.graph_every > 0 and rnd % a.graph_every == a.graph_every - 1
-        for label, m, S, impl, cfg in order:
+        for ci, (label, m, S, impl, cfg) in order:
             st = stats[label]
-            gen.manual_seed(a.seed * 100003 + rnd * 101 + cases.index((label, m, S, impl, cfg)))
+            gen.manual_seed(a.seed * 100003 + rnd * 101 + ci)
             x = torch.randn(m, a.k, device=dev, generator=gen).bfloat16()
             fn = torch.randn(N, a.k, device=dev, generator=gen) * 0.05
             Sn = 1 if S is None else S
