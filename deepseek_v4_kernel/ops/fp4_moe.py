@@ -568,10 +568,12 @@ def _reduce_kernel(y_ptr, ids_ptr, out_ptr, HID, E, rsf, stride_ym, stride_om, s
     acc = tl.zeros([BH], dtype=tl.float32)
     for k in tl.static_range(TOPK):
         idx = tl.load(ids_ptr + t * TOPK + k).to(tl.int32)
-        ok = (idx >= 0) & (idx < E)
-        for sk in tl.static_range(SPLIT_K):  # fixed order: same result every run
-            v = tl.load(y_ptr + sk * stride_ys + (t * TOPK + k) * stride_ym + n, mask=nm & ok, other=0.0)
-            acc += v.to(tl.float32)
+        # dropped / out-of-range ids add nothing. A branch, not a scalar term in the load mask: Triton 3.9's
+        # interpreter broadcasts a scalar comparison as int32 and then refuses the mask (compiled code is fine)
+        if (idx >= 0) & (idx < E):
+            for sk in tl.static_range(SPLIT_K):  # fixed order: same result every run
+                v = tl.load(y_ptr + sk * stride_ys + (t * TOPK + k) * stride_ym + n, mask=nm, other=0.0)
+                acc += v.to(tl.float32)
     tl.store(out_ptr + t * stride_om + n, (acc * rsf).to(out_ptr.dtype.element_ty), mask=nm)
 
 

@@ -208,10 +208,11 @@ def _flat_kernel(
         hi_al = lo_al + tl.cdiv(tl.maximum(hi - lo_al, 0), BLOCK_T) * BLOCK_T
         t0 = c0 + rb * 0
         while t0 < c1:
-            t = t0 + t_loc
-            outside = (t0 < lo_al) | (t0 >= hi_al)
-            m = (t[:, None] < c1) & ri_ok[None, :] & outside
-            tl.store(out_rows[None, :] + t[:, None], ninf, mask=m)
+            # a tile the loop above did not compute; a branch, not a scalar term in the mask: Triton 3.9's
+            # interpreter broadcasts a scalar comparison as int32 and then refuses the mask (compiled code is fine)
+            if (t0 < lo_al) | (t0 >= hi_al):
+                t = t0 + t_loc
+                tl.store(out_rows[None, :] + t[:, None], ninf, mask=(t[:, None] < c1) & ri_ok[None, :])
             t0 += BLOCK_T
 
 
