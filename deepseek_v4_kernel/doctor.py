@@ -141,7 +141,7 @@ def _triton_choices_info() -> str:
                     "with presplit there)")
     if not said:
         return f"triton {name}: the defaults as measured"
-    return f"triton {name}: " + "; ".join(said) + " (docs/fp4_moe.md, docs/hc_prenorm.md run 62)"
+    return f"triton {name}: " + "; ".join(said) + " (docs/fp4_moe.md, docs/hc_prenorm.md runs 62-63)"
 
 
 def collect(run_selftest: bool = True, import_modules: bool = True, devices=None) -> dict:
