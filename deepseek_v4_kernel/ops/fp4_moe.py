@@ -95,7 +95,7 @@ DEFAULT_IMPL_CC10 = {"decode": "dequant", "mid": "mxfp8", "prefill": "mxfp8"}
 # 3.6.0 time at 64-256 tokens (64: 1657 -> 2868 us), 1.39-1.42x "dot_scaled"'s, whose build did not change (64: 2035
 # us under both). So under a newer Triton the decode regime runs "dot_scaled" (exact as well). Run 63, triton 3.9.0
 # (torch 2.15.0's pin): "dequant" is built as under 3.6.0 again (sm_120a: 128 registers, 13312 B), but "dot_scaled"
-# got faster (0.71-0.74x its 3.6.0 time at 64-256 tokens) and stays ahead of "dequant" (which takes 1.29-1.30x its time), so
+# got faster (0.71-0.74x its 3.6.0 time at 64-256 tokens) and stays ahead ("dequant" takes 1.29-1.30x its time), so
 # the rule holds for 3.9 too.
 DEQUANT_DECODE_MAX_TRITON = (3, 6)
 SMALL_ROUTE_MAX_SLOTS = 512
