@@ -128,20 +128,27 @@ def _triton_choices_info() -> str:
     pins its own, 3.8 in 0.5.23): said, since they change which kernel a call runs."""
     try:
         from .ops import fp4_moe, hc_prenorm
-        from .ops._device import triton_version
+        from .ops._device import NEWEST_CHECKED_TRITON, triton_version
         v = triton_version()
     except Exception as e:  # noqa: BLE001 - the doctor reports, never fails
         return f"unknown (the Triton ops do not import: {type(e).__name__}: {e})"
     name = ".".join(map(str, v))
+    newest = ".".join(map(str, NEWEST_CHECKED_TRITON))
+    measured = name if v <= NEWEST_CHECKED_TRITON else f"{newest}, the newest measured"
     said = []
     if not fp4_moe.decode_dequant_allowed():
-        said.append(f"fp4_moe's decode regime runs dot_scaled, not dequant (slower under triton {name})")
+        said.append(f"fp4_moe's decode regime runs dot_scaled, not dequant (slower under triton {measured})")
     if not hc_prenorm.presplit_allowed("wgmma"):
         said.append("hc_prenorm's Triton kernel splits fn per tile where Triton builds wgmma (sm_90; not repeatable "
                     "with presplit there)")
     if not said:
-        return f"triton {name}: the defaults as measured"
-    return f"triton {name}: " + "; ".join(said) + " (docs/fp4_moe.md, docs/hc_prenorm.md runs 62-63)"
+        text = f"triton {name}: the defaults as measured"
+    else:
+        text = f"triton {name}: " + "; ".join(said) + " (docs/fp4_moe.md, docs/hc_prenorm.md runs 62-63)"
+    if v > NEWEST_CHECKED_TRITON:
+        text += (f"; triton {name} is newer than the newest measured here ({newest}): these choices carry over, "
+                 f"untimed and unchecked for repeatability under it")
+    return text
 
 
 def collect(run_selftest: bool = True, import_modules: bool = True, devices=None) -> dict:

@@ -33,9 +33,12 @@ def test_doctor_text_says_what_would_happen():
     assert "self-test:" in r.stdout or "self-test (on " in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize("version, says", [((3, 6), ["the defaults as measured"]),
-                                           ((3, 8), ["dot_scaled, not dequant", "per tile where Triton builds wgmma"])])
-def test_doctor_says_the_triton_dependent_choices(monkeypatch, version, says):
+@pytest.mark.parametrize("version, says, not_says", [
+    ((3, 6), ["the defaults as measured"], ["newer than the newest"]),
+    ((3, 8), ["dot_scaled, not dequant", "per tile where Triton builds wgmma"], ["newer than the newest"]),
+    ((3, 9), ["dot_scaled, not dequant", "per tile where Triton builds wgmma"], ["newer than the newest"]),
+    ((3, 10), ["slower under triton 3.9, the newest measured", "is newer than the newest measured here (3.9)"], [])])
+def test_doctor_says_the_triton_dependent_choices(monkeypatch, version, says, not_says):
     from deepseek_v4_kernel import doctor
     from deepseek_v4_kernel.ops import _device, fp4_moe, hc_prenorm
 
@@ -45,6 +48,8 @@ def test_doctor_says_the_triton_dependent_choices(monkeypatch, version, says):
     assert text.startswith("triton " + ".".join(map(str, version))), text
     for s in says:
         assert s in text, text
+    for s in not_says:
+        assert s not in text, text
 
 
 def test_cli_usage_errors():

@@ -5,12 +5,17 @@ import functools
 import torch
 
 
+# The newest Triton the version-dependent choices were measured under on a GPU (H100 run 63: 3.9, torch 2.15.0's pin;
+# run 62: 3.8, SGLang 0.5.23's). The doctor says when the installed one is newer: its choices are then extrapolated.
+NEWEST_CHECKED_TRITON = (3, 9)
+
+
 @functools.lru_cache(maxsize=None)
 def triton_version() -> tuple:
     """(major, minor) of the installed Triton, which JIT-compiles the Triton kernels on the user's GPU (each SGLang
-    image's torch pins it: 3.6 up to SGLang 0.5.17, 3.8 in 0.5.23). Some launch choices were measured per version
-    (ops/hc_prenorm.presplit_allowed, ops/fp4_moe.default_impl); versions newer than the last one measured take the
-    choice that did not regress there."""
+    image's torch pins it: 3.6 up to SGLang 0.5.17, 3.8 in 0.5.23; torch 2.15 pins 3.9). Some launch choices were
+    measured per version (ops/hc_prenorm.presplit_allowed, ops/fp4_moe.default_impl); versions newer than the last one
+    measured take the choice that did not regress there (NEWEST_CHECKED_TRITON)."""
     import triton
 
     parts = []
