@@ -112,6 +112,11 @@ def launch_kernel(hpb: int, requested: str, split_tokens: int) -> str:
     return (WS_KERNEL if ws else M64_KERNEL)[hpb]
 
 
+def _tiles(total_positions: int) -> int:
+    """32-token tiles of a call's position list (main + extra), at least one."""
+    return max(1, -(-total_positions // TOK_TILE))
+
+
 def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
                   impl: Optional[str] = None) -> Tuple[int, int]:
     """(num_splits, split_tokens) from shapes only; each split gets whole 32-token tiles.
@@ -123,7 +128,7 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
         _, splits, split_tokens = mma64_launch(b, s_q, h_q, total_positions, num_sms,
                                                None if impl == "mma64" else HEAD_TILE[impl])
         return splits, split_tokens
-    tiles = max(1, -(-total_positions // TOK_TILE))
+    tiles = _tiles(total_positions)
     blocks = b * s_q * (-(-h_q // HEAD_TILE[impl]))
     splits = 1
     if blocks < 2 * num_sms:
@@ -184,7 +189,7 @@ def mma64_launch(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
     tiles per split (ties: fewer heads, then fewer splits). A 32- or 64-head block is only a candidate
     when it holds more than half its heads' worth of real heads (no block of only zero m16 tiles).
     Shapes only (cached): no device query, CUDA-graph safe."""
-    tiles = max(1, -(-total_positions // TOK_TILE))
+    tiles = _tiles(total_positions)
     best = None
     for hpb, s, per in mma64_candidates(h_q, tiles, heads_per_block):
         c = mma64_cost(b, s_q, h_q, tiles, hpb, s, num_sms)
@@ -226,7 +231,7 @@ WAVE_CUT_GAIN = 0.95
 def model_cost(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int) -> float:
     """mma64_cost of the launch mma64_launch picks for b rows."""
     hpb, splits, _ = mma64_launch(b, s_q, h_q, total_positions, num_sms)
-    return mma64_cost(b, s_q, h_q, max(1, -(-total_positions // TOK_TILE)), hpb, splits, num_sms)
+    return mma64_cost(b, s_q, h_q, _tiles(total_positions), hpb, splits, num_sms)
 
 
 def wave_cut_candidates(b: int, s_q: int, h_q: int, num_sms: int) -> Tuple[int, ...]:
