@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device iteration for sparse_decode: build the extension (sm_120a + sm_90a) unless a carried _C.so
 # is there and REBUILD is unset, GPU tests per kernel, bench (first of BENCH_IMPLS = "ours"), optional
-# Nsight Compute profile of one shape. At most 6 files land in $OUT (the device tool returns 8).
+# Nsight Compute profile of one shape, the per-call floor of bare kernels (scripts/bench_latency_floor.py). Up to 9
+# files land in $OUT (build, build_ref, pytest, bench log / JSON / PNG, floor, ab, ncu); the device tool returns 8,
+# so REF_CSRC and NCU do not go together in one call.
 # Usage on the device machine (repo root): OUT=/some/dir bash scripts/device_sparse_decode.sh
 #   IMPLS="mma mma64"          kernels to run the GPU tests with (DSV4_SPARSE_DECODE_IMPL); TEST_FILES: which files
 #   BENCH_IMPLS=mma64,mma      kernels to time; QUICK=1: b in {1, 128} only; REPS (default 20)
@@ -38,6 +40,9 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   timeout ${BENCH_TIMEOUT:-300} python scripts/bench_sparse_decode.py --out "$OUT" --reps ${REPS:-20} ${QUICK:+--quick} \
       --impls ${BENCH_IMPLS:-mma64,mma} 2>&1 | tee "$OUT/bench.log"
   echo "bench rc=${PIPESTATUS[0]}"
+  # what a split call costs with no compute on this GPU, against 1/100 of the fallback's b = 1 time (run 64)
+  [ -f "$OUT/bench_sparse_decode.json" ] && timeout 120 python scripts/bench_latency_floor.py \
+      --from-bench "$OUT/bench_sparse_decode.json" 2>&1 | tee "$OUT/floor.log"
 fi
 # A/B variants: "new" (this tree's library), "ref" (REF_CSRC's), any NAME with a (carried) build/NAME.so, and
 # "NAME:VAR=VALUE" (that library, or this tree's, with an environment switch), e.g.

@@ -1337,3 +1337,29 @@ def test_gpu_fuzz(monkeypatch, seed):
     if seed % 3 == 0:   # every third call also replayed from a CUDA graph (the decode path runs captured)
         gout, glse = replay_on_poisoned(lambda: sd.sparse_decode(**a, impl=impl), lambda res: res)
         assert torch.equal(gout, out) and torch.equal(glse, lse), f"graph replay differs from eager: {desc}"
+
+
+def test_latency_floor_skeleton_is_our_b1_launch_and_its_kernels_do_what_they_time():
+    """scripts/bench_latency_floor.py (run 64: why >= 100x the Triton fallback is out of reach at b = 1): its
+    skeleton runs as many programs as our split grid has at b = 1, h_q 64, extra 512 (80 on an H100's 132 SMs:
+    4 blocks of 16 heads x 20 splits; the launch rule's pick on other SM counts), the chain kernel stores exactly the
+    row each slot index points at in a 584-byte-per-token cache, and the merge sums every program's row per byte
+    (mod 256: uint8). Runs the Triton kernels in the interpreter without a GPU."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import bench_latency_floor as fl
+    assert fl.skeleton_programs(132) == 80
+    for sms in (170, 188):   # RTX 5090, RTX PRO 6000
+        hpb, splits, _ = sd.mma64_launch(1, 1, 64, 640, sms)
+        assert fl.skeleton_programs(sms) == (64 // hpb) * splits
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(64)
+    n_tok, progs = 301, 37      # odd sizes: the merge masks the programs beyond 37 of its 64-row tile
+    cache = torch.randint(0, 256, (n_tok * fl.TOKEN_STRIDE,), generator=gen, dtype=torch.uint8).to(dev)
+    idx = torch.randint(0, n_tok, (progs,), generator=gen, dtype=torch.int32).to(dev)
+    part = torch.full((progs * 1024,), 0xA5, dtype=torch.uint8, device=dev)      # poisoned
+    out = torch.full((1024,), 0x5A, dtype=torch.uint8, device=dev)
+    fl._chain_kernel[(progs,)](idx, cache, part, fl.TOKEN_STRIDE, fl.ROW_BYTES, 1024, False)
+    rows = torch.stack([cache[i * fl.TOKEN_STRIDE:i * fl.TOKEN_STRIDE + fl.ROW_BYTES] for i in idx.tolist()])
+    assert torch.equal(part.view(progs, 1024)[:, :fl.ROW_BYTES], rows)
+    fl._merge_kernel[(fl.ROW_BYTES // 16,)](part, out, progs, 64, 16, 1024, False)
+    assert torch.equal(out[:fl.ROW_BYTES].cpu(), (rows.cpu().to(torch.int64).sum(0) % 256).to(torch.uint8))
