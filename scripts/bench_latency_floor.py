@@ -27,13 +27,14 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_sparse_decode import time_fn  # noqa: E402  (the README bench's timing method, unchanged)
-from deepseek_v4_kernel.ops.sparse_decode import mma64_launch  # noqa: E402  (bench_sparse_decode put ROOT on the path)
+from bench_sparse_decode import MAIN_TOKENS, time_fn  # noqa: E402  (the README bench's timing method, unchanged)
+# (bench_sparse_decode put ROOT on the path) the packed cache's layout: ROW nope (fp8) + rope (bf16) bytes of a token,
+# TOKEN_BYTES per token with its scales
+from deepseek_v4_kernel.ops.sparse_decode import mma64_launch  # noqa: E402
+from deepseek_v4_kernel.reference.sparse_decode import ROW as ROW_BYTES  # noqa: E402
+from deepseek_v4_kernel.reference.sparse_decode import TOKEN_BYTES as TOKEN_STRIDE  # noqa: E402
 
-MAIN_TOKENS, EXTRA_TOKENS, H_Q = 128, 512, 64   # the b = 1 row these floors are set against
-
-ROW_BYTES = 576        # the nope (fp8) + rope (bf16) bytes of one token row
-TOKEN_STRIDE = 584     # bytes per token in the packed cache (row + scales), docs/sparse_decode.md
+EXTRA_TOKENS, H_Q = 512, 64   # with MAIN_TOKENS, the b = 1 row these floors are set against
 
 
 @triton.jit
