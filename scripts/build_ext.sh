@@ -3,7 +3,7 @@
 #   scripts/build_ext.sh [OUTPUT_PATH]
 # env: NVCC (compiler, default nvcc on PATH or /usr/local/cuda/bin/nvcc),
 #      DSV4_KERNEL_EXTRA_ARCHS (space/comma separated, e.g. "90a"): extra -gencode targets besides sm_120a,
-#      NVCC_THREADS (default 2), DSV4_CSRC (source tree, default csrc/; scripts/trace_sparse_decode.py
+#      NVCC_THREADS (default 2), DSV4_CSRC (source tree, default csrc/; tools/trace_sparse_decode.py
 #      builds an instrumented copy with it), DSV4_NVCC_FLAGS (extra nvcc flags, e.g. -D overrides of tile
 #      constants for an experiment).
 set -euo pipefail

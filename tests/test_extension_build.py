@@ -140,7 +140,7 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
     small_consts = _named_constants("hc_prenorm/kernel_small.cuh")
     per_sm = small_consts["kMinBlocksPerSm"]
     mirror = re.search(r"^_SMALL_BLOCKS_PER_SM = (\d+)", open(os.path.join(ROOT, "deepseek_v4_kernel", "ops",
-                                                                          "hc_prenorm.py")).read(), re.M)
+                                                                          "hc_prenorm", "dispatch.py")).read(), re.M)
     assert per_sm == 2 and mirror and int(mirror.group(1)) == per_sm, (per_sm, mirror)
     assert all(regs * 256 * per_sm <= 65536 for regs, _ in small.values()), small
     plain = {k: v for k, v in small.items() if k.endswith("Lb0ELb0EEEv15HcPrenormParams")}
@@ -188,32 +188,32 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
 
 
 def test_hc_stream_probe_builds_for_sm120a(tmp_path):
-    """scripts/hc_stream_probe.cu (docs/hc_prenorm.md run 13) launches both instances of the compiled hc_prenorm
+    """tools/hc_stream_probe.cu (docs/hc_prenorm.md) launches both instances of the compiled hc_prenorm
     kernel from csrc/hc_prenorm/kernel.cuh beside its streaming probes: it must keep compiling against that header."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC)")
     r = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode", "arch=compute_120a,code=sm_120a", "-I",
-                        os.path.join(ROOT, "csrc"), os.path.join(ROOT, "scripts", "hc_stream_probe.cu"), "-o",
+                        os.path.join(ROOT, "csrc"), os.path.join(ROOT, "tools", "hc_stream_probe.cu"), "-o",
                         str(tmp_path / "hc_probe")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_mma_peak_tool_builds_for_sm120a_and_times_what_it_claims(tmp_path):
-    """scripts/mma_peak.cu gives the benches their mma.sync ceiling (bench_common.mma_sync_flops). Built for
+    """benchmarks/mma_peak.cu gives the benches their mma.sync ceiling (bench_common.mma_sync_flops). Built for
     sm_120a, its two loops must be what the table says: bf16 HMMA (m16n8k16) only, no other tensor-core
     instruction, and in the S-shaped loop one LDSM per two HMMA (the compiler once hoisted / CSE'd those
     loads out of the loop, which timed a register-only loop under the ldmatrix label)."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC)")
-    import triton  # the cuobjdump shipped with Triton's NVIDIA backend (as scripts/aot_common.py uses)
+    import triton  # the cuobjdump shipped with Triton's NVIDIA backend (as tools/aot_common.py uses)
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(cuobjdump):
         pytest.skip(f"no cuobjdump at {cuobjdump}")
     exe = tmp_path / "mma_peak"
     r = subprocess.run([nvcc, "-O3", "-gencode", "arch=compute_120a,code=sm_120a",
-                        os.path.join(ROOT, "scripts", "mma_peak.cu"), "-o", str(exe)],
+                        os.path.join(ROOT, "benchmarks", "mma_peak.cu"), "-o", str(exe)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     for feed, fun in ((0, "_Z8mma_loopILi0EEvPfPxj"), (1, "_Z8mma_loopILi1EEvPfPxj")):
@@ -228,13 +228,13 @@ def test_mma_peak_tool_builds_for_sm120a_and_times_what_it_claims(tmp_path):
 
 
 def test_trace_tool_instruments_the_kernels_auto_runs_and_builds_for_sm120a(tmp_path):
-    """scripts/trace_sparse_decode.py inserts its trace points at asserted source anchors; a kernel edit that moves one
+    """tools/trace_sparse_decode.py inserts its trace points at asserted source anchors; a kernel edit that moves one
     must fail here, not on the first GPU that runs the tool (the first SM120 measurement, docs/sparse_decode.md). Every
     point its reader uses must be written by the instrumented source: the warp-specialised kernels ("auto" at every
     default shape), the 8-warp mma64 kernel and the combine. The instrumented sparse_decode.cu and api.cu compile for
     sm_120a (spills are allowed there: traced builds take registers, which the tool's output says)."""
     import sys
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
     import trace_sparse_decode as tr
     with pytest.raises(SystemExit, match="unknown"):
         tr.instrument(str(tmp_path / "unused"), ablate=("nodeq", "nothing"))
@@ -268,3 +268,21 @@ def test_trace_tool_instruments_the_kernels_auto_runs_and_builds_for_sm120a(tmp_
                             "-c", str(dst / unit), "-o", str(tmp_path / "unit.o")],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_aot_failures_skip_only_without_an_sm120_target():
+    """tests/aot_errors.skip_or_fail, which the Triton ops' sm_120a compile tests use: a toolchain without sm_120 skips,
+    a kernel over SM120's resources fails, whatever else the message says (ptxas names itself in both)."""
+    import pytest as _pytest
+    from aot_errors import skip_or_fail
+    for no_target in ("ptxas fatal   : Value 'sm_120a' is not defined for option 'gpu-name'",
+                      "RuntimeError: ptxas: /usr/bin/ptxas: No such file or directory"):
+        with _pytest.raises(_pytest.skip.Exception):
+            skip_or_fail(no_target, "x")
+    for real in ("ptxas error   : Entry function '_gemm1_kernel' uses too much shared data (0x19000 bytes, 0x18c00 max)",
+                 "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 110592, Hardware limit: "
+                 "101376. Reducing block sizes or `num_stages` may help. (ptxas)",
+                 "ptxas fatal : Value 'sm_120a' is not defined for option 'gpu-name'; too many resources requested",
+                 "AssertionError: something else entirely"):
+        with _pytest.raises(AssertionError):
+            skip_or_fail(real, "x")

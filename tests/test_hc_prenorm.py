@@ -18,9 +18,11 @@ import torch
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.ops._workspace import stream_key
 from deepseek_v4_kernel.reference.hc_prenorm import hc_prenorm_abs_scale, hc_prenorm_gemm_ref, split_bounds
+from aot_errors import skip_or_fail
 from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
 hp = pytest.importorskip("deepseek_v4_kernel.ops.hc_prenorm")
+ad = pytest.importorskip("deepseek_v4_kernel.patch.adapters")   # SGLang's signatures; registers its determinism switch
 
 SPLITS = [None, 1, 2, 4, 8, 16]
 
@@ -148,7 +150,7 @@ def test_internal_subsplits_and_repeat(device, m, S, cfg):
         out, sq = _poisoned(m, 24, S, device)
         hp.hc_prenorm_gemm(x, fn, out, sq, S, _config=cfg)
         _check(x, fn, out, sq, S)
-    assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values())
+    assert all(int(c.abs().sum()) == 0 for c in hp.api._COUNTERS.values())
 
 
 def test_m_zero_returns_without_writing(device):
@@ -158,7 +160,7 @@ def test_m_zero_returns_without_writing(device):
     sq = torch.empty(4, 0, device=device)
     assert hp.tf32_hc_prenorm_gemm(x, fn, out, sq, num_splits=4) is None
     # SGLang's wrapper returns before any check
-    assert hp.sglang_tf32_hc_prenorm_gemm(x, fn, None, None, 4) is None
+    assert ad.sglang_tf32_hc_prenorm_gemm(x, fn, None, None, 4) is None
 
 
 def test_sglang_shim_signature(device):
@@ -167,11 +169,11 @@ def test_sglang_shim_signature(device):
     assert list(inspect.signature(hp.tf32_hc_prenorm_gemm).parameters) == \
         ["a", "b", "d", "sqr_sum", "num_splits"]
     assert inspect.signature(hp.tf32_hc_prenorm_gemm).parameters["num_splits"].default is None
-    assert list(inspect.signature(hp.sglang_tf32_hc_prenorm_gemm).parameters) == \
+    assert list(inspect.signature(ad.sglang_tf32_hc_prenorm_gemm).parameters) == \
         ["x", "fn", "out", "sqrsum", "num_splits"]
     x, fn = _inputs(2, 128, device=device)
     out, sq = _poisoned(2, 24, 1, device, flat=True)
-    hp.sglang_tf32_hc_prenorm_gemm(x, fn, out, sq, None)
+    ad.sglang_tf32_hc_prenorm_gemm(x, fn, out, sq, None)
     _check(x, fn, out, sq, None)
 
 
@@ -231,14 +233,14 @@ def test_gpu_full_k(monkeypatch, m, num_splits, impl):
     x, fn = _inputs(m, K, device="cuda", seed=m + 1)
     S = num_splits or 1
     out, sq = _poisoned(m, 24, S, "cuda", flat=num_splits is None)
-    hp.last_launch = None
+    hp.api.last_launch = None
     hp.tf32_hc_prenorm_gemm(x, fn, out, sq, num_splits=num_splits)
     torch.cuda.synchronize()
     if m:
         _check(x, fn, out, sq, num_splits)
         want = impl if impl != "auto" else (
             "cuda" if hp.auto_prefers_cuda(m, num_splits or 1, hp.mma_kind(x.device), 24, K) else "triton")
-        assert hp.last_launch[0] == want, hp.last_launch
+        assert hp.api.last_launch[0] == want, hp.api.last_launch
 
 
 # the compiled kernel (csrc/hc_prenorm): odd m (partial 64-row tiles), n < 24, splits that are empty or
@@ -264,9 +266,9 @@ def test_gpu_cuda_kernel(m, K, n, num_splits, p):
         out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
         hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config={"p": p} if p else None)
         torch.cuda.synchronize()
-        assert hp.last_launch[0] == "cuda"
+        assert hp.api.last_launch[0] == "cuda"
         _check(x, fn, out, sq, num_splits)
-    assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values())
+    assert all(int(c.abs().sum()) == 0 for c in hp.api._COUNTERS.values())
 
 
 # the few-rows kernel (csrc/hc_prenorm/kernel_small.cuh): SGLang's decode calls (64 splits, m <= 64), each
@@ -294,16 +296,16 @@ def test_gpu_small_kernel(m, K, n, num_splits, rows):
     P = hp.small_sub_splits(K, S, n) or 1
     # sub-slices of one split (n = 24): added by float atomics (contiguous out), with the rule's rows per block
     atomic = P > 1 and n == 24 and S == 1
-    sms = hp.sm_count(x.device)
+    sms = hp.api.sm_count(x.device)
     want = rows or (hp.small_rows(m, K, S, sms, n) if atomic
                     else hp.decode_rows(m, K, S, sms, n, hp.exchange_enabled(m)))
-    assert want in hp._SMALL_ROWS
+    assert want in hp.dispatch._SMALL_ROWS
     fnrow = hp.fnrow_enabled(m, K, S, n, cfg)   # "auto" at m <= FNROW_AUTO_MAX_M with one split: the whole-K kernel
     expect = ("cuda", 1, "fnrow", None, None) if fnrow else ("cuda", P, want, None if P == 1 else "atomic", None)
     out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
     hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
     torch.cuda.synchronize()
-    assert hp.last_launch == expect
+    assert hp.api.last_launch == expect
     _check(x, fn, out, sq, num_splits)
     if rows is None and num_splits in (64, None):   # what SGLang's decode gets under impl "auto"
         out2, sq2 = _poisoned(m, n, S, "cuda", flat=num_splits is None)
@@ -312,7 +314,7 @@ def test_gpu_small_kernel(m, K, n, num_splits, rows):
             expect = ("cuda", pick[1], 0, None if pick[1] == 1 else "atomic", pick[0])
         hp.tf32_hc_prenorm_gemm(x, fn, out2, sq2, num_splits)
         torch.cuda.synchronize()
-        assert hp.last_launch == expect
+        assert hp.api.last_launch == expect
         if expect[3] == "atomic" or pick:   # the order of the atomic additions may differ: float64 decides
             _check(x, fn, out2, sq2, num_splits)
         else:
@@ -331,7 +333,7 @@ def test_gpu_small_kernel(m, K, n, num_splits, rows):
             hp.hc_prenorm_gemm(x, fn, out3, sq3, num_splits, impl="cuda", _config={"small_rows": want, **cfg})
             torch.cuda.synchronize()
             how = "atomic" if cfg.get("atomic") else "xchg" if cfg.get("xchg") and m <= hp.XCHG_MAX_M else "reduce"
-            assert hp.last_launch == ("cuda", P, want, how, None), cfg
+            assert hp.api.last_launch == ("cuda", P, want, how, None), cfg
             _check(x, fn, out3, sq3, num_splits)
             if how != "atomic":
                 fixed = fixed or (out3, sq3)
@@ -344,7 +346,7 @@ def test_gpu_small_kernel_strided_out_and_bad_rows():
     out, sq, margins_nan = _strided_out(64, 10, 5)   # row stride 32, offset 5; sqrsum strides (1, 64)
     hp.hc_prenorm_gemm(x, fn, out, sq, 64)
     torch.cuda.synchronize()
-    assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0, hp.last_launch
+    assert hp.api.last_launch[0] == "cuda" and hp.api.last_launch[2] > 0, hp.api.last_launch
     _check(x, fn, out, sq, 64)
     assert margins_nan(), "wrote outside out"
     o, q = _poisoned(10, 24, 64, "cuda")
@@ -355,7 +357,7 @@ def test_gpu_small_kernel_strided_out_and_bad_rows():
         hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"small_rows": 4, "p": 2})
     hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"small_rows": 0})   # the MMA kernel
     torch.cuda.synchronize()
-    assert hp.last_launch[0] == "cuda" and hp.last_launch[2] == 0, hp.last_launch
+    assert hp.api.last_launch[0] == "cuda" and hp.api.last_launch[2] == 0, hp.api.last_launch
     _check(x, fn, o, q, 64)
 
 
@@ -385,7 +387,7 @@ def test_gpu_cuda_kernel_strided_out_and_empty_splits():
     out, sq, margins_nan = _strided_out(4, 150, 3)
     hp.hc_prenorm_gemm(x, fn, out, sq, 4, impl="cuda", _config={"p": 3})
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", 3, 0, "reduce", 64)
+    assert hp.api.last_launch == ("cuda", 3, 0, "reduce", 64)
     _check(x, fn, out, sq, 4)
     assert margins_nan(), "wrote outside out"
 
@@ -429,7 +431,7 @@ def test_gpu_cuda_kernels_launched(m, K, n, S, p, atomic, kernels):
             _KFAST if "<true, false, 64>" in nm else "hc_prenorm_kernel<false>" if "<false, false, 64>" in nm else nm)
            for nm in names}
     assert got == kernels, sorted(names)
-    assert hp.last_launch[3] == ("atomic" if kernels == _ATOMIC else None if p == 1 else "reduce"), hp.last_launch
+    assert hp.api.last_launch[3] == ("atomic" if kernels == _ATOMIC else None if p == 1 else "reduce"), hp.api.last_launch
     _check(x, fn, out, sq, S)
 
 
@@ -457,7 +459,7 @@ def test_gpu_cuda_unsupported_names_why_and_auto_falls_back(monkeypatch, case):
         hp.hc_prenorm_gemm(x, fn, out, sq, 2, impl="cuda")
     hp.hc_prenorm_gemm(x, fn, out, sq, 2)  # auto: the Triton kernel takes it
     torch.cuda.synchronize()
-    assert hp.last_launch[0] == "triton"
+    assert hp.api.last_launch[0] == "triton"
     _check(x, fn, out, sq, 2)
 
 
@@ -503,13 +505,13 @@ def test_gpu_variants_full_k(m, num_splits, cfg):
         hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, _config=cfg)
         torch.cuda.synchronize()
         _check(x, fn, out, sq, num_splits)
-    assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values())
+    assert all(int(c.abs().sum()) == 0 for c in hp.api._COUNTERS.values())
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 64, 512, 4096])
 def test_gpu_legacy_config(m):
-    """The run-2 heuristic stays selectable (``legacy_config`` as ``_config``)."""
+    """The first heuristic stays selectable (``legacy_config`` as ``_config``)."""
     x, fn = _inputs(m, 16384, device="cuda", seed=m + 9)
     out, sq = _poisoned(m, 24, 1, "cuda", flat=True)
     cfg = hp.legacy_config(m, 16384, 1, torch.cuda.get_device_properties(0).multi_processor_count)
@@ -547,7 +549,7 @@ def test_gpu_cuda_graph_replay_and_determinism(monkeypatch, m, cfg):
     def call():
         if cfg in ("cuda", "cuda atomic"):
             hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda")
-            assert (hp.last_launch[3] == "atomic") == atomic, hp.last_launch
+            assert (hp.api.last_launch[3] == "atomic") == atomic, hp.api.last_launch
         else:
             hp.hc_prenorm_gemm(x, fn, out, sq, None, _config=cfg)
 
@@ -583,23 +585,23 @@ def test_gpu_small_kernel_first_call_inside_capture(monkeypatch):
     """num_splits None at decode on a stream whose first call is captured (no workspace for that stream yet: one
     from the graph's pool; no exchange buffer: the reduce grid): the few-rows kernel's 64 sub-slices and the
     reduce grid, replayed, give the eager call's numbers (the exchange's) bit for bit."""
-    monkeypatch.setattr(hp, "_WORKSPACES", {})   # torch's streams come from a pool: make this one's workspace new
-    monkeypatch.setattr(hp, "_XCHG", {})         # and no exchange buffer: it cannot be zeroed inside a capture
+    monkeypatch.setattr(hp.api, "_WORKSPACES", {})   # torch's streams come from a pool: make this one's workspace new
+    monkeypatch.setattr(hp.api, "_XCHG", {})         # and no exchange buffer: it cannot be zeroed inside a capture
     m, K = 9, 16384
     x, fn = _inputs(m, K, device="cuda", seed=21)
     out, sq = _poisoned(m, 24, 1, "cuda", flat=True)
-    assert not hp._WORKSPACES, "no workspace yet, for any stream"
+    assert not hp.api._WORKSPACES, "no workspace yet, for any stream"
     xchg = {"xchg": True}   # (whatever rows per block this GPU's rule picks)
     replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=xchg),
                        lambda _: (out, sq), warm_up=False)
-    R = hp.decode_rows(m, K, 1, hp.sm_count(x.device))
-    assert hp.last_launch == ("cuda", 64, R, "reduce", None)
-    assert not hp._XCHG
+    R = hp.decode_rows(m, K, 1, hp.api.sm_count(x.device))
+    assert hp.api.last_launch == ("cuda", 64, R, "reduce", None)
+    assert not hp.api._XCHG
     _check(x, fn, out, sq, None)
     out2, sq2 = _poisoned(m, 24, 1, "cuda", flat=True)
     hp.hc_prenorm_gemm(x, fn, out2, sq2, None, impl="cuda", _config=xchg)   # eager, on the default stream: the exchange
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", 64, R, "xchg", None)
+    assert hp.api.last_launch == ("cuda", 64, R, "xchg", None)
     assert torch.equal(out2, out) and torch.equal(sq2, sq)
 
 
@@ -626,7 +628,7 @@ def test_gpu_fnrow_kernel(m, K, n, num_splits):
         out, sq, margins = _strided_out(S, m, 3, n=n)
     hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", 1, "fnrow", None, None)
+    assert hp.api.last_launch == ("cuda", 1, "fnrow", None, None)
     _check(x, fn, out, sq, num_splits)
     assert margins(), "wrote outside out / sqrsum"
     eo, es = out.clone(), sq.clone()
@@ -637,7 +639,7 @@ def test_gpu_fnrow_kernel(m, K, n, num_splits):
         out2, sq2 = torch.full_like(out, float("nan")), torch.full_like(sq, float("nan"))
         hp.hc_prenorm_gemm(x, fn, out2, sq2, num_splits)
         torch.cuda.synchronize()
-        assert hp.last_launch == ("cuda", 1, "fnrow", None, None) and torch.equal(out2, eo) and torch.equal(sq2, es)
+        assert hp.api.last_launch == ("cuda", 1, "fnrow", None, None) and torch.equal(out2, eo) and torch.equal(sq2, es)
 
 
 @pytest.mark.gpu
@@ -690,8 +692,8 @@ def test_gpu_atomic_sum(m, K, rows, pad):
         sq.fill_(float("nan"))
         hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=cfg)
         torch.cuda.synchronize()
-        assert hp.last_launch[3] == "atomic", hp.last_launch
-        assert hp.last_launch[2] == (rows or (0 if mma else hp.small_rows(m, K, 1, hp.sm_count(x.device))))
+        assert hp.api.last_launch[3] == "atomic", hp.api.last_launch
+        assert hp.api.last_launch[2] == (rows or (0 if mma else hp.small_rows(m, K, 1, hp.api.sm_count(x.device))))
         _check(x, fn, out, sq, None)
         assert margins(), "wrote outside out / sqrsum"
     replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=cfg),
@@ -701,7 +703,7 @@ def test_gpu_atomic_sum(m, K, rows, pad):
     fo, fq = torch.full_like(out, float("nan")), torch.full_like(sq, float("nan"))
     hp.hc_prenorm_gemm(x, fn, fo, fq, None, impl="cuda", _config={**(cfg or {}), "atomic": False})
     torch.cuda.synchronize()
-    assert hp.last_launch[3] in ("xchg", "reduce"), hp.last_launch
+    assert hp.api.last_launch[3] in ("xchg", "reduce"), hp.api.last_launch
     torch.testing.assert_close(out, fo, rtol=1e-5, atol=1e-5 * float(fo.abs().max()))
     torch.testing.assert_close(sq, fq, rtol=1e-5, atol=0)
 
@@ -717,7 +719,7 @@ def test_gpu_atomic_sum_falls_back_and_refuses_by_name(monkeypatch):
     out, sq = big[:, :24], torch.full((m,), float("nan"), device="cuda")   # m stride 26: not float4-aligned
     hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda")
     torch.cuda.synchronize()
-    assert hp.last_launch[3] == "reduce", hp.last_launch
+    assert hp.api.last_launch[3] == "reduce", hp.api.last_launch
     _check(x, fn, out, sq, None)
     with pytest.raises(UnsupportedCase, match="hc_prenorm: _config atomic "):
         hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config={"atomic": True})
@@ -735,12 +737,12 @@ def test_gpu_atomic_sum_falls_back_and_refuses_by_name(monkeypatch):
         o, q = _poisoned(m, 24, 1, "cuda", flat=True)
         hp.hc_prenorm_gemm(x, fn, o, q, None, impl="cuda")
         torch.cuda.synchronize()
-        assert hp.last_launch[3] == "reduce", (env, hp.last_launch)
+        assert hp.api.last_launch[3] == "reduce", (env, hp.api.last_launch)
         _check(x, fn, o, q, None)
         monkeypatch.delenv(env)
 
 
-# the MMA kernel with 16 / 32 x rows per block (kernel.cuh kR, params mma_rows; "auto" at decode sizes, run 22)
+# the MMA kernel with 16 / 32 x rows per block (kernel.cuh kR, params mma_rows; "auto" at decode sizes, H100)
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, K, num_splits, rows, p", [
     (16, 16384, None, 16, None), (17, 16384, None, 16, None), (33, 16384, None, 32, None), (47, 16416, None, 16, 5),
@@ -762,8 +764,8 @@ def test_gpu_mma_rows(m, K, num_splits, rows, p):
         out, sq = _poisoned(m, 24, S, "cuda", flat=num_splits is None)
         hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
         torch.cuda.synchronize()
-        P = p or hp.mma_rows_sub_splits(m, K, S, hp.sm_count(x.device), rows, not atomic)
-        assert hp.last_launch == ("cuda", P, 0, None if P == 1 else "atomic" if atomic else "reduce", rows), cfg
+        P = p or hp.mma_rows_sub_splits(m, K, S, hp.api.sm_count(x.device), rows, not atomic)
+        assert hp.api.last_launch == ("cuda", P, 0, None if P == 1 else "atomic" if atomic else "reduce", rows), cfg
         _check(x, fn, out, sq, num_splits)
         if not atomic:   # fixed order: the same bits on every call and replay
             if fixed is None:
@@ -782,7 +784,7 @@ def test_gpu_mma_rows_auto_and_refusals(monkeypatch):
     and, with the deterministic flag, the reduce grid; the few-rows kernel below m = 16 and where out rows are only
     float4-aligned; the 64-row tile above the rule's m) and the by-name refusals of a forced mma_rows."""
     from torch.profiler import ProfilerActivity, profile
-    K, sms = 16384, hp.sm_count(torch.device("cuda"))
+    K, sms = 16384, hp.api.sm_count(torch.device("cuda"))
     x, fn = _inputs(48, K, device="cuda", seed=9)
     cases = [(48, 64, ("cuda", 1, 0, None, 16), "<true, false, 16>"),
              (48, None, ("cuda", hp.mma_rows_sub_splits(48, K, 1, sms, 16, False), 0, "atomic", 16),
@@ -792,7 +794,7 @@ def test_gpu_mma_rows_auto_and_refusals(monkeypatch):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             hp.hc_prenorm_gemm(x[:m], fn, out, sq, S)
             torch.cuda.synchronize()
-        assert hp.last_launch == want, hp.last_launch
+        assert hp.api.last_launch == want, hp.api.last_launch
         names = {e.name for e in prof.events() if "hc_prenorm_kernel" in e.name}
         assert len(names) == 1 and kernel in names.pop(), names
         _check(x[:m], fn, out, sq, S)
@@ -800,17 +802,17 @@ def test_gpu_mma_rows_auto_and_refusals(monkeypatch):
     out, sq = _poisoned(48, 24, 1, "cuda", flat=True)
     hp.hc_prenorm_gemm(x, fn, out, sq, None)
     torch.cuda.synchronize()
-    assert hp.last_launch == ("cuda", hp.mma_rows_sub_splits(48, K, 1, sms, 16, True), 0, "reduce", 16), hp.last_launch
+    assert hp.api.last_launch == ("cuda", hp.mma_rows_sub_splits(48, K, 1, sms, 16, True), 0, "reduce", 16), hp.api.last_launch
     _check(x, fn, out, sq, None)
     monkeypatch.delenv("SGLANG_ENABLE_DETERMINISTIC_INFERENCE")
     out, sq = _poisoned(12, 24, 64, "cuda")
     hp.hc_prenorm_gemm(x[:12], fn, out, sq, 64)   # below 16 rows: the few-rows kernel
     torch.cuda.synchronize()
-    assert hp.last_launch[2] > 0 and hp.last_launch[4] is None, hp.last_launch
+    assert hp.api.last_launch[2] > 0 and hp.api.last_launch[4] is None, hp.api.last_launch
     big = torch.full((48, 28), float("nan"), device="cuda")   # float4-aligned rows, m stride 28: few-rows atomics
     hp.hc_prenorm_gemm(x, fn, big[:, :24], sq[0, :1].expand(48).clone(), None)
     torch.cuda.synchronize()
-    assert hp.last_launch[2] > 0 and hp.last_launch[3] == "atomic", hp.last_launch
+    assert hp.api.last_launch[2] > 0 and hp.api.last_launch[3] == "atomic", hp.api.last_launch
     o, q = _poisoned(48, 24, 64, "cuda")
     bad = [({"mma_rows": 8}, 48, 24, 64), ({"mma_rows": 16, "small_rows": 4}, 48, 24, 64),
            ({"mma_rows": 32, "xchg": True}, 48, 24, None), ({"mma_rows": 32}, 20, 24, 64),
@@ -826,21 +828,21 @@ def test_gpu_mma_rows_auto_and_refusals(monkeypatch):
     o, q = _poisoned(48, 24, 64, "cuda")   # mma_rows 64: the 64-row MMA kernel (here its general instance, m < 64)
     hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"mma_rows": 64})
     torch.cuda.synchronize()
-    assert hp.last_launch[2] == 0 and hp.last_launch[4] == 64, hp.last_launch
+    assert hp.api.last_launch[2] == 0 and hp.api.last_launch[4] == 64, hp.api.last_launch
     _check(x, fn, o, q, 64)
     o, q, _ = _strided_out(64, 48, 4)   # P = 1 needs contiguous out rows
     with pytest.raises(UnsupportedCase, match="hc_prenorm: _config mma_rows "):
         hp.hc_prenorm_gemm(x, fn, o, q, 64, impl="cuda", _config={"mma_rows": 16})
     hp.hc_prenorm_gemm(x, fn, o, q, 64)   # auto: not the 16-row tile there
     torch.cuda.synchronize()
-    assert hp.last_launch[4] != 16, hp.last_launch
+    assert hp.api.last_launch[4] != 16, hp.api.last_launch
     _check(x, fn, o, q, 64)
 
 
 def _xchg_state(stream=None):
     """(epochs [64], tickets [64]) of the exchange buffer of cuda:0's current (or the given) stream."""
     with torch.cuda.stream(stream or torch.cuda.current_stream()):
-        buf = hp._XCHG[stream_key(torch.device("cuda", 0))]
+        buf = hp.api._XCHG[stream_key(torch.device("cuda", 0))]
     h = buf.view(torch.int32)[:128].cpu().long()
     return h[:64], h[64:]
 
@@ -856,7 +858,7 @@ def test_gpu_exchange_epochs_tickets_and_changing_rows():
     hp.hc_prenorm_gemm(*_inputs(1, K, device="cuda"), *_poisoned(1, 24, 1, "cuda", flat=True), None, impl="cuda",
                        _config={"xchg": True})
     torch.cuda.synchronize()
-    assert hp.last_launch[3] == "xchg"
+    assert hp.api.last_launch[3] == "xchg"
     e0, t0 = _xchg_state()
     assert (t0 == 0).all(), t0
     covered = torch.zeros(64, dtype=torch.long)
@@ -868,7 +870,7 @@ def test_gpu_exchange_epochs_tickets_and_changing_rows():
         cfg = {"xchg": True, **({} if R is None else {"small_rows": R})}
         hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config=cfg)
         torch.cuda.synchronize()
-        assert hp.last_launch == ("cuda", 64, R or hp.decode_rows(m, K, 1, hp.sm_count(x.device)), "xchg", None), (m, R)
+        assert hp.api.last_launch == ("cuda", 64, R or hp.decode_rows(m, K, 1, hp.api.sm_count(x.device)), "xchg", None), (m, R)
         covered[:m] += 1
         _check(x, fn, out, sq, None)
         epochs, tickets = _xchg_state()
@@ -876,7 +878,7 @@ def test_gpu_exchange_epochs_tickets_and_changing_rows():
         assert torch.equal((epochs - e0) % (1 << 32), covered), (m, R, epochs - e0, covered)
         o2, q2 = _poisoned(m, 24, 1, "cuda", flat=True)
         hp.hc_prenorm_gemm(x, fn, o2, q2, None, impl="cuda",
-                           _config={"small_rows": hp.last_launch[2], "xchg": False, "atomic": False})
+                           _config={"small_rows": hp.api.last_launch[2], "xchg": False, "atomic": False})
         torch.cuda.synchronize()
         assert torch.equal(o2, out) and torch.equal(q2, sq), (m, R)
 
@@ -971,21 +973,21 @@ for m, S, bf16x2 in json.loads(sys.argv[1]):
     # what the JIT specialises at DSV4's shapes (16-byte aligned tensors, K = 16384): without it
     # Triton cannot vectorise the loads, does not software-pipeline the loop (no cp.async) and the
     # shared memory checked here would be a single stage's, not the real kernel's
-    an = hp._hc_prenorm_kernel.arg_names
+    an = hp.kernels._hc_prenorm_kernel.arg_names
     attrs = {(an.index(a),): [["tt.divisibility", 16]]
              for a in ("x_ptr", "fn_ptr", "out_ptr", "sq_ptr", "ws_ptr", "wss_ptr", "cnt_ptr", "K",
                        "stride_xm", "stride_fn", "f_plane")}
-    k = triton.compile(ASTSource(hp._hc_prenorm_kernel, sig, const, attrs),
+    k = triton.compile(ASTSource(hp.kernels._hc_prenorm_kernel, sig, const, attrs),
                        target=GPUTarget("cuda", 120, 32),
                        options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
     ptx = k.asm["ptx"]
     split_ok = True
     if presplit:  # the fn split kernel runs before it
-        ks = triton.compile(ASTSource(hp._fn_split_kernel,
+        ks = triton.compile(ASTSource(hp.kernels._fn_split_kernel,
                                       {"fn_ptr": "*fp32", "dst_ptr": "*bf16", "n": "i32", "K": "i32",
                                        "stride_fn": "i32", "stride_fk": "constexpr", "BLOCK": "constexpr",
                                        "PDL": "constexpr"},
-                                      dict(stride_fk=1, BLOCK=hp._SPLIT_BLOCK, PDL=True)),
+                                      dict(stride_fk=1, BLOCK=hp.dispatch._SPLIT_BLOCK, PDL=True)),
                             target=GPUTarget("cuda", 120, 32), options=dict(num_warps=4))
         split_ok = "griddepcontrol.wait" in ks.asm["ptx"] and ks.metadata.shared <= hp.SMEM_LIMIT
     res.append(dict(case=[m, S, bf16x2], cfg=cfg, shared=k.metadata.shared, split_ok=split_ok,
@@ -1012,9 +1014,7 @@ def sm120_aot():
                        capture_output=True, text=True, timeout=300, cwd=root)
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("AOT")]
     if r.returncode != 0 or not line:
-        if "ptxas" in r.stderr or "No such file" in r.stderr:
-            pytest.skip("no ptxas for sm_120 here: " + r.stderr[-200:])
-        raise AssertionError("sm_120 AOT compile failed:\n" + r.stderr[-3000:])
+        skip_or_fail(r.stderr, "sm_120 AOT compile")
     return {tuple(d["case"]): d for d in json.loads(line[0][3:])}
 
 
@@ -1035,10 +1035,10 @@ def test_sm120_aot_compile_smem_and_no_sm90_only_instructions(sm120_aot, case):
 @pytest.mark.parametrize("version, wgmma_presplit", [((3, 6), True), ((3, 8), False), ((3, 7), False),
                                                      ((4, 0), False), ((3, 5), True)])
 def test_presplit_off_for_wgmma_builds_of_unchecked_triton(monkeypatch, version, wgmma_presplit):
-    """H100 run 62: under triton 3.8.0 the wgmma build of the presplit kernel gave other bits on repeated calls (and ~8x
+    """H100: under triton 3.8.0 the wgmma build of the presplit kernel gave other bits on repeated calls (and ~8x
     the usual error); so with wgmma (sm_90 natively) presplit holds only up to the last Triton version checked, from the
     table and from _config alike, while mma.sync builds (SM120) keep it under every version."""
-    monkeypatch.setattr(hp, "triton_version", lambda: version)
+    monkeypatch.setattr(hp.dispatch, "triton_version", lambda: version)
     for m, over in ((8192, None), (4096, None), (512, {"fma": False, "block_m": 64, "p": 32, "r": 16,
                                                        "presplit": True})):
         assert hp.choose_config(m, 16384, 1, 132, over, "wgmma")["presplit"] is wgmma_presplit, (m, version)
@@ -1049,7 +1049,7 @@ def test_presplit_off_for_wgmma_builds_of_unchecked_triton(monkeypatch, version,
 
 def test_triton_version_parses_the_installed_version():
     import triton
-    v = hp.triton_version()
+    v = hp.dispatch.triton_version()
     assert len(v) == 2 and all(isinstance(x, int) for x in v) and v >= (3, 0), v
     assert ".".join(map(str, v)) == ".".join(triton.__version__.split(".")[:2]), (v, triton.__version__)
 
@@ -1068,7 +1068,7 @@ def test_tile_table_resolves_within_limits(S):
             assert c["r"] & (c["r"] - 1) == 0 and c["r"] <= c["p"], (m, S, c)
             assert c["r"] == 1 or c["r"] * groups <= sms, (m, S, c)
             assert c["rb"] * c["r"] == min(c["block_m"], 1 << (m - 1).bit_length()), (m, c)
-            assert c["p"] == 1 or 2 * groups <= hp._COUNTER_CAP
+            assert c["p"] == 1 or 2 * groups <= hp.dispatch._COUNTER_CAP
             assert c["fma"] or c["block_m"] >= 16
 
 
@@ -1082,34 +1082,34 @@ def test_cuda_params_mirror_and_constants_match_the_headers():
 
     src = header("hc_prenorm")
     assert struct_fields(src, "HcPrenormParams") == [f[0] for f in HcPrenormParams._fields_]
-    assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_N (\d+)", src).group(1)) == hp._CUDA_MAX_N
-    assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_SUB (\d+)", src).group(1)) == hp._CUDA_MAX_SUB
+    assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_N (\d+)", src).group(1)) == hp.dispatch._CUDA_MAX_N
+    assert int(re.search(r"#define DSV4_HC_PRENORM_MAX_SUB (\d+)", src).group(1)) == hp.dispatch._CUDA_MAX_SUB
     rows = int(re.search(r"#define DSV4_HC_PRENORM_XCHG_ROWS (\d+)", src).group(1))
     head = int(re.search(r"#define DSV4_HC_PRENORM_XCHG_HEADER_BYTES (\d+)", src).group(1))
     assert rows == hp.XCHG_MAX_M and head == 2 * rows * 4   # uint32 epochs [rows], tickets [rows]
     assert re.search(r"#define DSV4_HC_PRENORM_XCHG_BYTES \\\n\s*\(DSV4_HC_PRENORM_XCHG_HEADER_BYTES \+ "
                      r"DSV4_HC_PRENORM_XCHG_ROWS \* DSV4_HC_PRENORM_MAX_SUB \* 25 \* 8\)", src), "layout changed"
-    assert hp._XCHG_BYTES == head + rows * hp._CUDA_MAX_SUB * (hp._CUDA_MAX_N + 1) * 8
+    assert hp.api._XCHG_BYTES == head + rows * hp.dispatch._CUDA_MAX_SUB * (hp.dispatch._CUDA_MAX_N + 1) * 8
     assert int(re.search(r"#define DSV4_HC_PRENORM_FNROW_MAX_M (\d+)", src).group(1)) == hp.FNROW_MAX_M
     kern = open(os.path.join(ROOT, "csrc", "hc_prenorm", "kernel.cuh")).read()
-    assert int(re.search(r"constexpr int kRows = (\d+);", kern).group(1)) == hp._CUDA_ROWS
-    assert int(re.search(r"constexpr int kChunk = (\d+);", kern).group(1)) == hp._CUDA_CHUNK
+    assert int(re.search(r"constexpr int kRows = (\d+);", kern).group(1)) == hp.dispatch._CUDA_ROWS
+    assert int(re.search(r"constexpr int kChunk = (\d+);", kern).group(1)) == hp.dispatch._CUDA_CHUNK
     assert re.search(r"constexpr int kOut = kRows \* kN \+ kRows;", kern)
-    assert hp._CUDA_OUT == hp._CUDA_ROWS * hp._CUDA_MAX_N + hp._CUDA_ROWS
+    assert hp.dispatch._CUDA_OUT == hp.dispatch._CUDA_ROWS * hp.dispatch._CUDA_MAX_N + hp.dispatch._CUDA_ROWS
 
 
 def test_cuda_sub_splits_fill_the_gpu_within_limits():
     """One wave of blocks (the compiled kernel holds one per SM), P within the smallest split's
     64-blocks and the kernel's limit, P = 1 once the caller's grid fills 3/4 of the SMs; at most _CUDA_AUTO_SUB
     sub-slices, _CUDA_AUTO_SUB_ATOMIC where the atomic sum adds them."""
-    assert hp._CUDA_AUTO_SUB <= hp._CUDA_AUTO_SUB_ATOMIC <= hp._CUDA_MAX_SUB
+    assert hp.dispatch._CUDA_AUTO_SUB <= hp.dispatch._CUDA_AUTO_SUB_ATOMIC <= hp.dispatch._CUDA_MAX_SUB
     for sms in (132, 170, 188):
         for S in (1, 2, 3, 16, 23, 64):
             for m in (1, 64, 65, 128, 192, 512, 1000, 2048, 4096, 8192, 16384, 65536):
-                for atomic, cap in ((False, hp._CUDA_AUTO_SUB), (True, hp._CUDA_AUTO_SUB_ATOMIC)):
+                for atomic, cap in ((False, hp.dispatch._CUDA_AUTO_SUB), (True, hp.dispatch._CUDA_AUTO_SUB_ATOMIC)):
                     P = hp.cuda_sub_splits(m, 16384, S, sms, atomic)
-                    groups = -(-m // hp._CUDA_ROWS) * S
-                    assert 1 <= P <= min(hp._CUDA_MAX_SUB, max(1, 256 // S)), (sms, S, m, P)
+                    groups = -(-m // hp.dispatch._CUDA_ROWS) * S
+                    assert 1 <= P <= min(hp.dispatch._CUDA_MAX_SUB, max(1, 256 // S)), (sms, S, m, P)
                     if 4 * groups >= 3 * sms:
                         assert P == 1, (sms, S, m, P)
                     else:
@@ -1123,7 +1123,7 @@ def test_cuda_sub_splits_fill_the_gpu_within_limits():
 def test_small_rows_rule():
     """R of the few-rows kernel: 0 where it does not apply; else the fewest rows per block whose grid fits one
     wave of two blocks per SM, 16 at most."""
-    assert hp._SMALL_BLOCKS_PER_SM == 2
+    assert hp.dispatch._SMALL_BLOCKS_PER_SM == 2
     assert hp.small_rows(1, 16384, 64, 132) == 1 and hp.small_rows(4, 16384, 64, 132) == 1
     assert hp.small_rows(5, 16384, 64, 132) == 2 and hp.small_rows(8, 16384, 64, 132) == 2
     assert hp.small_rows(16, 16384, 64, 132) == 4 and hp.small_rows(32, 16384, 64, 132) == 8
@@ -1145,9 +1145,9 @@ def test_small_rows_rule():
                 if P > 1 and m > hp.SMALL_SUB_MAX_M:
                     assert r == 0, (sms, S, m, r)
                     continue
-                assert r in hp._SMALL_ROWS, (sms, S, m)
+                assert r in hp.dispatch._SMALL_ROWS, (sms, S, m)
                 groups = S * P
-                assert groups * -(-m // r) <= 2 * sms or r == hp._SMALL_ROWS[-1], (sms, S, m, r)
+                assert groups * -(-m // r) <= 2 * sms or r == hp.dispatch._SMALL_ROWS[-1], (sms, S, m, r)
                 assert r == 1 or groups * -(-m // (r // 2)) > 2 * sms, (sms, S, m, r)
 
 
@@ -1190,7 +1190,7 @@ def test_decode_rows_exchange_takes_one_row_per_block(monkeypatch):
 
 
 def test_mma_rows_rule():
-    """hc_prenorm.mma_rows_pick (CPU: shapes and strides only): the 16 / 32-row MMA tiles where run 22 measured them
+    """hc_prenorm.mma_rows_pick (CPU: shapes and strides only): the 16 / 32-row MMA tiles where H100 measured them
     faster, on the H100's 132 SMs and SM120's 188 / 170, and nowhere else."""
     def pick(m, S, n=24, K=16384, sms=132, atomic=True, out=None):
         out = torch.empty(S, m, n) if out is None else out
@@ -1213,16 +1213,16 @@ def test_mma_rows_rule():
     assert hp.mma_rows_sub_splits(48, 1024, 1, 132, 16, False) == 4   # sub-slices of >= 256
 
 
-@pytest.mark.parametrize("name, shapes", [("h100_run22_call3_rows_sweep_decode.json", 20),
-                                           ("h100_run22_call4_rows_sweep_large.json", 14)])
+@pytest.mark.parametrize("name, shapes", [("hc_prenorm_rows_sweep_decode_h100.json", 20),
+                                           ("hc_prenorm_rows_sweep_large_h100.json", 14)])
 def test_mma_rows_pick_against_the_measured_sweep(name, shapes):
-    """hc_prenorm.mma_rows_pick vs H100 run 22's sweeps (written by what is now scripts/sweep_hc_prenorm_rows.py;
+    """hc_prenorm.mma_rows_pick vs H100's sweeps (written by what is now tools/sweep_hc_prenorm_rows.py;
     num_splits None with atomics and SGLang's 64 / 44 / 33 / 22 / 16 splits, m = 16-512, 132 SMs; the data the rule
     was fitted to, so this guards the rule against drifting from them): where it picks 16 / 32-row tiles its point
     is within 3 % of the fastest measured one (48-row tiles left out: not built any more) and faster than what auto
     took before; where it picks nothing, auto's point (the 64-row tile or the few-rows kernel) is within 3 %."""
     import json
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "hc_prenorm_runs", name)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", name)
     by_shape = {}
     for r in json.load(open(path)):
         by_shape.setdefault((r["m"], r["S"]), {})[r["variant"]] = r["us"]
@@ -1243,7 +1243,7 @@ def test_atomic_sum_policy(monkeypatch):
     n = 24, out [m, 24] with unit n stride, an m stride % 4 == 0 and a 16-byte aligned base; the MMA kernel (R = 0)
     also needs m >= 64, K % 32 == 0 and contiguous out rows."""
     from deepseek_v4_kernel import doctor   # it names the two switches without importing this module first
-    assert (doctor._HC_ATOMIC_ENV, doctor._SGLANG_DETERMINISTIC_ENV) == (hp.ATOMIC_ENV, hp.SGLANG_DETERMINISTIC_ENV)
+    assert (doctor._HC_ATOMIC_ENV, doctor._SGLANG_DETERMINISTIC_ENV) == (hp.ATOMIC_ENV, ad.SGLANG_DETERMINISTIC_ENV)
     monkeypatch.delenv("DSV4_HC_PRENORM_ATOMIC", raising=False)
     monkeypatch.delenv("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", raising=False)
     assert not hp.deterministic_sums() and hp.atomic_enabled() and hp.atomic_enabled({"small_rows": 4})
@@ -1290,11 +1290,11 @@ def test_small_sub_splits():
                 assert -(-nb // S) * 64 > hp.SMALL_MAX_SPLIT_K and S > 1, (K, S)
                 continue
             widest = -(-(-(-nb // S)) // P) * 64   # K of the widest sub-slice
-            assert 1 <= P <= hp._CUDA_MAX_SUB and widest <= hp.SMALL_MAX_SPLIT_K and (P == 1 or S == 1), (K, S, P)
-            assert P == 1 or widest <= 4 * 64 or P == hp._CUDA_MAX_SUB, (K, S, P)
+            assert 1 <= P <= hp.dispatch._CUDA_MAX_SUB and widest <= hp.SMALL_MAX_SPLIT_K and (P == 1 or S == 1), (K, S, P)
+            assert P == 1 or widest <= 4 * 64 or P == hp.dispatch._CUDA_MAX_SUB, (K, S, P)
 
 
-def test_auto_prefers_cuda_only_where_triton_builds_mma_sync():
+def test_auto_prefers_cuda_on_mma_sync_and_for_deepseek_v4s_shape_on_wgmma():
     # the general kernel (n < 24 or K % 32 != 0): from CUDA_MIN_M rows, or CUDA_MIN_M_SPLIT with splits
     for n, K in ((17, 16384), (24, 16400)):
         assert hp.auto_prefers_cuda(hp.CUDA_MIN_M, 1, "mma", n, K)
@@ -1305,17 +1305,21 @@ def test_auto_prefers_cuda_only_where_triton_builds_mma_sync():
     # DeepSeek-V4's shape (the kFast kernel + reduce grid): from CUDA_MIN_M_SPLIT rows, splits or not
     assert hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT, 1, "mma", 24, 16384)
     assert not hp.auto_prefers_cuda(hp.CUDA_MIN_M_SPLIT + 1, 1, "mma", 17, 16384)
-    assert not any(hp.auto_prefers_cuda(m, S, "wgmma", 24, 16384) for m in (65, 512, 65536) for S in (1, 8, 64))
-    # with sub-slices (num_splits None) up to m = 63; at 64 the MMA kernel where Triton builds mma.sync
-    assert hp.auto_prefers_cuda(63, 1, "wgmma", 24, 16384) and not hp.auto_prefers_cuda(64, 1, "wgmma", 24, 16384)
-    assert hp.auto_prefers_cuda(64, 64, "wgmma", 24, 16384)
+    # where Triton builds wgmma (sm_90) the compiled kernels take DeepSeek-V4's shape at every m from
+    # CUDA_MIN_M_SPLIT (Triton's wgmma kernel was 6-30x slower there on an H200); other shapes stay Triton's there
+    assert all(hp.auto_prefers_cuda(m, S, "wgmma", 24, 16384) for m in (64, 65, 512, 2048, 65536) for S in (1, 8, 64))
+    assert not any(hp.auto_prefers_cuda(m, S, "wgmma", n, K) for m in (65, 512, 65536) for S in (1, 8, 64)
+                   for n, K in ((17, 16384), (24, 16400)))
+    # with sub-slices (num_splits None) the few-rows kernel up to m = 63, the MMA kernel from 64, on both kinds
+    assert hp.auto_prefers_cuda(63, 1, "wgmma", 24, 16384) and hp.auto_prefers_cuda(64, 1, "wgmma", 24, 16384)
     # the few-rows kernel (no tensor cores): on every kind, m <= SMALL_MAX_M where small_sub_splits applies
     for kind in ("mma", "wgmma"):
         for n, K in ((24, 16384), (17, 16384), (24, 16400), (1, 1000), (24, 65536)):
             for m in (1, 8, hp.SMALL_MAX_M, hp.SMALL_MAX_M + 1):
                 for S in (1, 2, 3, 16, 64, 300):
                     fast = n == 24 and K % 32 == 0
-                    mma_rule = kind == "mma" and (m >= hp.CUDA_MIN_M or (m >= hp.CUDA_MIN_M_SPLIT and (S >= 2 or fast)))
+                    mma_rule = (kind == "mma" and (m >= hp.CUDA_MIN_M or (m >= hp.CUDA_MIN_M_SPLIT and (S >= 2 or fast)))
+                                or kind == "wgmma" and fast and m >= hp.CUDA_MIN_M_SPLIT)
                     P = hp.small_sub_splits(K, S, n)
                     small = P > 0 and m <= (hp.SMALL_MAX_M if P == 1 else hp.SMALL_SUB_MAX_M)
                     assert hp.auto_prefers_cuda(m, S, kind, n, K) == (small or mma_rule), (kind, n, K, m, S)
@@ -1329,30 +1333,32 @@ def test_pick_impl_without_a_gpu(monkeypatch):
         hp.pick_impl(x, fn, 1, "cuda")
     with pytest.raises(UnsupportedCase, match="hc_prenorm: impl must be one of"):
         hp.pick_impl(x, fn, 1, "tilelang")
-    monkeypatch.setenv("DSV4_HC_PRENORM_IMPL", "cudaa")
-    with pytest.raises(UnsupportedCase, match="hc_prenorm: impl must be one of"):
+    monkeypatch.setenv("DSV4_HC_PRENORM_IMPL", "cudaa")   # a switch value we do not read: an error naming it
+    with pytest.raises(UnsupportedCase, match="DSV4_HC_PRENORM_IMPL must be one of auto, triton, cuda, got 'cudaa'"):
         hp.pick_impl(x, fn, 1)
+    monkeypatch.setenv("DSV4_HC_PRENORM_IMPL", " Triton ")   # case and blanks do not matter
+    assert hp.pick_impl(x, fn, 1) == "triton"
 
 
 def test_workspace_is_reused_and_outgrown_buffers_stay_alive():
     dev = torch.device("cpu")
     key = ("cpu", 0, torch.float32)
-    hp._WORKSPACES.pop(key, None)
-    a = hp._workspace(dev, 1000)
-    b = hp._workspace(dev, 2000)
+    hp.api._WORKSPACES.pop(key, None)
+    a = hp.api._workspace(dev, 1000)
+    b = hp.api._workspace(dev, 2000)
     assert a.data_ptr() == b.data_ptr()  # one buffer of >= 65536 floats
-    c = hp._workspace(dev, 1 << 20)
-    assert c.numel() == 1 << 20 and len(hp._WORKSPACES[key]) == 2
-    assert hp._WORKSPACES[key][0].data_ptr() == a.data_ptr()  # kept alive
-    h = hp._workspace(dev, 1000, torch.bfloat16)  # the pre-split fn planes: a buffer of their own
+    c = hp.api._workspace(dev, 1 << 20)
+    assert c.numel() == 1 << 20 and len(hp.api._WORKSPACES[key]) == 2
+    assert hp.api._WORKSPACES[key][0].data_ptr() == a.data_ptr()  # kept alive
+    h = hp.api._workspace(dev, 1000, torch.bfloat16)  # the pre-split fn planes: a buffer of their own
     assert h.dtype == torch.bfloat16 and h.data_ptr() != a.data_ptr()
-    assert hp._workspace(dev, 3000, torch.bfloat16).data_ptr() == h.data_ptr()
+    assert hp.api._workspace(dev, 3000, torch.bfloat16).data_ptr() == h.data_ptr()
 
 
 # ---------------------------------------------------------------- GPU fuzz
 # Random calls beyond the hand-picked cases: m, K, n, num_splits, kernel, forced sub-split count, strided x /
 # fn / out / sqrsum, precision mode, and the grid sized for the SM counts of the cards we ship for (RTX PRO
-# 6000: 188, RTX 5090: 170) or a small one, through hp.sm_count (the only place the SM count enters).
+# 6000: 188, RTX 5090: 170) or a small one, through hp.api.sm_count (the only place the SM count enters).
 # Every third call also replayed from a CUDA graph. Seeds (8 per run by default) and failure naming: tests/fuzz.py.
 def _fuzz_call(seed):
     import random
@@ -1400,7 +1406,7 @@ def _fuzz_call(seed):
     elif impl == "cuda" and 1 <= m <= hp.FNROW_MAX_M and S == 1 and random.Random(seed * 11 + 3).random() < 0.3:
         cfg = {"fnrow": True}   # the whole-K kernel forced (own generator: the other draws stay those of before)
     elif impl == "cuda" and m <= 128 and r.random() < 0.4:   # the few-rows kernel forced, any rows per block
-        cfg = {"small_rows": r.choice(hp._SMALL_ROWS)}
+        cfg = {"small_rows": r.choice(hp.dispatch._SMALL_ROWS)}
         xr = random.Random(seed * 7 + 1)   # (own generator: the other draws stay those of before)
         cfg.update(xr.choice([{}, {"xchg": False}, {"xchg": True}, {"xchg": False, "atomic": False}]))
     mr = random.Random(seed * 13 + 5)   # forced 16 / 32-row MMA tiles (own generator: the other draws stay)
@@ -1426,35 +1432,46 @@ def test_gpu_fuzz(monkeypatch, seed):
     m, S = x.shape[0], num_splits or 1
     if impl == "cuda":
         why = hp.cuda_unsupported(x, fn, S)
-        groups = -(-m // hp._CUDA_ROWS) * S
-        if cfg and cfg.get("p", 1) > 1 and groups > hp._COUNTER_CAP:
+        groups = -(-m // hp.dispatch._CUDA_ROWS) * S
+        if cfg and cfg.get("p", 1) > 1 and groups > hp.dispatch._COUNTER_CAP:
             cfg = None
         if why is not None and m:   # the compiled kernel must refuse by name, and auto then runs Triton
             with pytest.raises(UnsupportedCase, match="cannot take this call"):
                 hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
             impl, cfg = "auto", None
-    hp.last_launch = None
-    hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl=impl, _config=cfg)
+    hp.api.last_launch = None
+    if impl == "auto" and cfg is None:   # the default dispatch, called as SGLang calls it (no impl)
+        hp.hc_prenorm_gemm(x, fn, out, sq, num_splits)
+    else:
+        hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl=impl, _config=cfg)
     torch.cuda.synchronize()
     if m == 0:
-        assert hp.last_launch is None and all(t.isnan().all() for t in bigs), desc
+        assert hp.api.last_launch is None and all(t.isnan().all() for t in bigs), desc
         return
-    with named(f"{desc} ran {hp.last_launch}"):
+    # the test's own statement of the default rule for DeepSeek-V4's shape as SGLang calls it (docs/hc_prenorm.md,
+    # dispatch rules): n = 24, K % 32 == 0, one split or splits of at most 256 (SGLang's 64 at K = 16384), bf16x2
+    # precision: a compiled kernel at every m, on every GPU kind (on sm_90 Triton's wgmma kernel was 6-30x slower at
+    # m = 64-2048 with this shape)
+    dsv4_shape = (fn.shape[0] == 24 and x.shape[1] % 32 == 0 and not tf32
+                  and (S == 1 or -(-x.shape[1] // 64) <= 4 * S))
+    if impl == "auto" and cfg is None and dsv4_shape and hp.cuda_unsupported(x, fn, S) is None:
+        assert hp.api.last_launch[0] == "cuda", f"the default dispatch ran {hp.api.last_launch}: {desc}"
+    with named(f"{desc} ran {hp.api.last_launch}"):
         _check(x, fn, out, sq, num_splits)
     for big, view in zip(bigs, (out, sq)):   # nothing written outside the views
         mask = torch.ones_like(big, dtype=torch.bool)
         torch.as_strided(mask, view.shape, view.stride(), view.storage_offset()).fill_(False)
         assert big[mask].isnan().all(), f"wrote outside the {tuple(view.shape)} view: {desc}"
-    assert all(int(c.abs().sum()) == 0 for c in hp._COUNTERS.values()), f"counters not reset: {desc}"
-    assert all(int(b.view(torch.int32)[64:128].abs().sum()) == 0 for b in hp._XCHG.values()), \
+    assert all(int(c.abs().sum()) == 0 for c in hp.api._COUNTERS.values()), f"counters not reset: {desc}"
+    assert all(int(b.view(torch.int32)[64:128].abs().sum()) == 0 for b in hp.api._XCHG.values()), \
         f"exchange tickets not reset: {desc}"
     if seed % 3 == 0:   # every third call also replayed from a CUDA graph: the same bits (fixed summation order)
         eo, es = out.clone(), sq.clone()
-        atomic = hp.last_launch[0] == "cuda" and hp.last_launch[3] == "atomic"
+        atomic = hp.api.last_launch[0] == "cuda" and hp.api.last_launch[3] == "atomic"
         replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl=impl, _config=cfg),
                            lambda _: (out, sq))
         if atomic:   # the order of the atomic additions may differ between calls: float64 decides
-            with named(f"{desc} replayed {hp.last_launch}"):
+            with named(f"{desc} replayed {hp.api.last_launch}"):
                 _check(x, fn, out, sq, num_splits)
         else:
             assert torch.equal(out, eo) and torch.equal(sq, es), f"graph replay differs from eager: {desc}"

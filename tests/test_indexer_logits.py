@@ -12,7 +12,9 @@ import torch
 
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.ops import indexer_logits as op
+from deepseek_v4_kernel.patch import adapters as ad
 from deepseek_v4_kernel.reference import indexer_logits as ref
+from aot_errors import skip_or_fail
 from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
 
@@ -35,6 +37,12 @@ def _make_paged(B, N, H, lens, maxc, device, lens_2d=None, seed=0, extra_blocks=
     return (q.to(device), cache.to(device), w.to(device), cl.to(device), bt.to(device))
 
 
+# Error model: the fp8 x fp8 products are exact and summed in fp32 (tensor cores; Hopper's fp8 MMA keeps ~14 bits of
+# its accumulator within a K chunk), the head sum and the scale in fp32: each logit is off by at most ~2^-14 of its
+# magnitude sum_h |w| sum_d |q k| per 32-wide K chunk, 4 chunks of D = 128: ELEMENT_TOL = 2^-12 of the magnitude.
+ELEMENT_TOL = 2.0 ** -12
+
+
 def _check(out, r, mag, clean):
     out = out.double().cpu()
     fin = torch.isfinite(r)
@@ -44,10 +52,29 @@ def _check(out, r, mag, clean):
     assert not torch.isnan(out[fin]).any(), "unwritten (NaN) valid element"
     if fin.any():
         err = (out[fin] - r[fin]).abs()
-        tol = 1e-2 * mag[fin] + 1e-6 * r[fin].abs().max()
+        tol = ELEMENT_TOL * mag[fin] + 1e-6 * r[fin].abs().max()
         assert (err <= tol).all(), f"max err {err.max().item()} (tol {tol[err.argmax()].item()})"
         rel = (err.norm() / r[fin].norm().clamp(min=1e-30)).item()
         assert rel < 1e-3, rel
+
+
+def test_check_fails_wrong_outputs():
+    """The check itself: an all-zero output, a one-element error of 1 % and a sign flip of one logit must fail it (the
+    per-element tolerance is far below the logits' size), the reference itself passes."""
+    q, cache, w, cl, bt = _make_paged(2, 1, 16, [70, 131], 160, "cpu", seed=7)
+    r = ref.paged_mqa_logits_ref(q, cache, w, cl, bt, 160)
+    mag = ref.paged_mqa_logits_magnitude(q, cache, w, cl, bt, 160)
+    _check(r.clone(), r, mag, clean=True)
+    fin = torch.isfinite(r)
+    big = r.abs().masked_fill(~fin, 0).argmax()
+    zero = torch.where(fin, torch.zeros_like(r), r)
+    one = r.clone().view(-1)
+    one[big] *= 1.01
+    flip = r.clone().view(-1)
+    flip[big] *= -1
+    for broken in (zero, one.view_as(r), flip.view_as(r)):
+        with pytest.raises(AssertionError):
+            _check(broken, r, mag, clean=True)
 
 
 def _run_paged(B, N, H, lens, maxc, device, clean, lens_2d=None, seed=0):
@@ -85,7 +112,7 @@ def test_paged_lens_b1_and_fallback_shim(device):
     q, cache, w, cl, bt = _make_paged(3, 1, 64, [65, 1, 0], 128, device, seed=3)
     r = ref.paged_mqa_logits_ref(q, cache, w, cl, bt, 128)
     mag = ref.paged_mqa_logits_magnitude(q, cache, w, cl, bt, 128)
-    out = op.fp8_paged_mqa_logits_torch_sm120(q, cache, w, cl[:, None], bt, None, 128, False)
+    out = ad.fp8_paged_mqa_logits_torch_sm120(q, cache, w, cl[:, None], bt, None, 128, False)
     _check(out, r, mag, clean=True)  # the fallback shim always writes -inf past the length
     meta = op.get_paged_mqa_logits_metadata(cl[:, None], 64, 5)
     assert meta.shape == (6, 2) and meta.dtype == torch.int32
@@ -130,18 +157,31 @@ def test_flat_small(device, clean, max_seqlen_k):
 
 def test_bad_inputs(device):
     q, cache, w, cl, bt = _make_paged(2, 1, 32, [10, 20], 64, device)
-    with pytest.raises(UnsupportedCase):
+    # each message names the argument, what was expected and what came
+    with pytest.raises(UnsupportedCase, match=r"q must be float8_e4m3fn .*got .*float32"):
         op.paged_mqa_logits(q.float(), cache, w, cl, bt, 64)
-    with pytest.raises(UnsupportedCase):
+    with pytest.raises(UnsupportedCase, match=r"kv_cache must be 1-byte \[num_blocks, 64, 1, 132\], got torch.uint8 \[\d+\]"):
         op.paged_mqa_logits(q, cache.view(-1), w, cl, bt, 64)
-    with pytest.raises(UnsupportedCase):
+    with pytest.raises(UnsupportedCase, match=r"weights must be float32 or bf16 \[2, 32\], got torch.float32 \[1, 32\]"):
         op.paged_mqa_logits(q, cache, w[:1], cl, bt, 64)
-    with pytest.raises(UnsupportedCase):
+    with pytest.raises(UnsupportedCase, match=r"context_lens must be int32 or int64, got torch.float32"):
+        op.paged_mqa_logits(q, cache, w, cl.float(), bt, 64)
+    with pytest.raises(UnsupportedCase, match=r"context_lens must be int32 \[2\] or \[2, 1\], got torch.int32 \[3\]"):
+        op.paged_mqa_logits(q, cache, w, torch.cat([cl, cl[:1]]), bt, 64)
+    with pytest.raises(UnsupportedCase, match=r"block_table must be int32 or int64 \[2, max_blocks\], got torch.float32"):
+        op.paged_mqa_logits(q, cache, w, cl, bt.float(), 64)
+    with pytest.raises(UnsupportedCase, match=r"max_context_len must be >= 0, got -1"):
+        op.paged_mqa_logits(q, cache, w, cl, bt, -1)
+    with pytest.raises(UnsupportedCase, match=r"out must be float32 \[2, 64\] .*got torch.float32 \[2, 63\]"):
+        op.paged_mqa_logits(q, cache, w, cl, bt, 64, out=torch.empty(2, 63, device=device))
+    with pytest.raises(UnsupportedCase, match=r"indices must be None .*got Tensor"):
         op.fp8_paged_mqa_logits(q, cache, w, cl, bt, None, 64, False, indices=cl)
     qf, kv, wf = _make_flat(3, 10, 32, device)
     z = torch.zeros(3, dtype=torch.int32, device=device)
-    with pytest.raises(UnsupportedCase):
+    with pytest.raises(UnsupportedCase, match=r"clean_logits=True with max_seqlen_k > 0"):
         op.fp8_mqa_logits(qf, kv, wf, z, z, clean_logits=True, max_seqlen_k=16)
+    with pytest.raises(UnsupportedCase, match=r"kv must be a tuple .*got Tensor"):
+        op.fp8_mqa_logits(qf, kv[0], wf, z, z, clean_logits=False)
     # a tensor on another device than q: named in the error (meta stands in for a second GPU on CPU CI)
     with pytest.raises(UnsupportedCase, match=r"weights must be on .*the device of q.*meta"):
         op.paged_mqa_logits(q, cache, w.to("meta"), cl, bt, 64)
@@ -228,7 +268,7 @@ def test_shim_signatures():
         ("clean_logits", True), ("max_seqlen_k", 0)]
     assert params(op.get_paged_mqa_logits_metadata) == [
         ("context_lens", E), ("block_kv", E), ("num_sms", E), ("indices", None)]
-    for f in (op.fp8_paged_mqa_logits_torch, op.fp8_paged_mqa_logits_torch_sm120, op.tilelang_fp8_paged_mqa_logits):
+    for f in (ad.fp8_paged_mqa_logits_torch, ad.fp8_paged_mqa_logits_torch_sm120, ad.tilelang_fp8_paged_mqa_logits):
         assert params(f) == [
             ("q_fp8", E), ("kvcache_fp8", E), ("weight", E), ("seq_lens", E), ("page_table", E),
             ("deep_gemm_metadata", E), ("max_seq_len", E), ("clean_logits", True)]
@@ -238,7 +278,7 @@ def test_shim_signatures():
 @pytest.fixture(scope="module")
 def sm120_aot():
     """Every launch configuration the op can pick (paged next_n 1..4 x heads 16..128 with 1-D / 2-D
-    lengths, flat with absolute / relative columns), compiled for sm_120a by scripts/aot_indexer_logits.py
+    lengths, flat with absolute / relative columns), compiled for sm_120a by tools/aot_indexer_logits.py
     in a subprocess (this process may run Triton in interpreter mode)."""
     import json
     import os
@@ -249,12 +289,10 @@ def sm120_aot():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, os.path.join(root, "scripts", "aot_indexer_logits.py"), "--arch", "120"],
+    r = subprocess.run([sys.executable, os.path.join(root, "tools", "aot_indexer_logits.py"), "--arch", "120"],
                        env=env, capture_output=True, text=True, timeout=600, cwd=root)
     if r.returncode != 0:
-        if "ptxas" in r.stderr:
-            pytest.skip("no ptxas for sm_120 here: " + r.stderr[-200:])
-        raise AssertionError("sm_120 AOT compile failed:\n" + r.stderr[-3000:])
+        skip_or_fail(r.stderr, "sm_120 AOT compile")
     return [json.loads(ln[3:]) for ln in r.stdout.splitlines() if ln.startswith("AOT")]
 
 

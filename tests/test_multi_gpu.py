@@ -1,4 +1,4 @@
-"""Several GPUs in one process (users run 1 to 8 cards).
+"""Several GPUs in one process (users H100 to 8 cards).
 
 SGLang makes one GPU current per worker process, but a process that drives several GPUs (a script, a
 test, a future SGLang layout) calls an op with inputs on cuda:1 while cuda:0 is current. Triton launches
@@ -161,7 +161,7 @@ def test_hc_prenorm_both_kernels_on_the_second_gpu(impl, P, num_splits):
     out, sq = _poisoned(m, 24, num_splits or 1, OTHER, flat=num_splits is None)
     hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl=impl, _config={"p": P} if P else None)
     torch.cuda.synchronize(1)
-    assert hp.last_launch[0] == impl
+    assert hp.api.last_launch[0] == impl
     _check(x, fn, out, sq, num_splits)
 
 
@@ -187,15 +187,15 @@ def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
         hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
         torch.cuda.synchronize(1)
         if hp.fnrow_enabled(m, 16384, num_splits or 1, 24, cfg):   # m = 1 one split: the whole-K kernel
-            assert hp.last_launch == ("cuda", 1, "fnrow", None, None), hp.last_launch
+            assert hp.api.last_launch == ("cuda", 1, "fnrow", None, None), hp.api.last_launch
         else:   # R > 0: the few-rows kernel (or, auto from m = 16, 16-row MMA tiles); num_splits None: atomic unless
             # asked not to
             want = None if num_splits else "reduce" if cfg and "atomic" in cfg else "atomic"
-            kernel = hp.last_launch[2] > 0 if cfg and "mma_rows" in cfg or m < 16 else hp.last_launch[4] == 16
-            assert hp.last_launch[0] == "cuda" and kernel and hp.last_launch[3] == want, hp.last_launch
+            kernel = hp.api.last_launch[2] > 0 if cfg and "mma_rows" in cfg or m < 16 else hp.api.last_launch[4] == 16
+            assert hp.api.last_launch[0] == "cuda" and kernel and hp.api.last_launch[3] == want, hp.api.last_launch
         assert out.device == torch.device(OTHER) and sq.device == torch.device(OTHER)
         _check(x, fn, out, sq, num_splits)
-        e_out, e_sq, atomic = out.clone(), sq.clone(), hp.last_launch[3] == "atomic"
+        e_out, e_sq, atomic = out.clone(), sq.clone(), hp.api.last_launch[3] == "atomic"
         with torch.cuda.device(1):
             replay_on_poisoned(lambda: hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg),
                                lambda _: (out, sq))
@@ -216,7 +216,7 @@ def test_fp4_moe_both_kernels_on_the_second_gpu(impl):
     x = torch.randn(M, H, device=OTHER).bfloat16()
     if impl == "cuda_decode":
         from deepseek_v4_kernel.ops import fp4_moe as op
-        why = op._cuda_decode_unsupported(x, w[0], w[2], M * 4, H, I)
+        why = op.dispatch._cuda_decode_unsupported(x, w[0], w[2], M * 4, H, I)
         if why is not None:
             pytest.skip(f"cuda_decode does not take this case here: {why}")
     run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=7.0, rsf=1.5)
@@ -270,8 +270,8 @@ def test_alternating_gpus_keep_their_own_state():
             out, sq = _poisoned(m, 24, 1, d, flat=True)
             hp.hc_prenorm_gemm(x, fn, out, sq, None, impl="cuda", _config={"xchg": True})
             torch.cuda.synchronize(d)
-            assert hp.last_launch[0] == "cuda" and hp.last_launch[2] > 0 and hp.last_launch[3] == "xchg", hp.last_launch
-            assert all(b.device == torch.device(d) for k, b in hp._XCHG.items() if k[0] == torch.device(d).index)
+            assert hp.api.last_launch[0] == "cuda" and hp.api.last_launch[2] > 0 and hp.api.last_launch[3] == "xchg", hp.api.last_launch
+            assert all(b.device == torch.device(d) for k, b in hp.api._XCHG.items() if k[0] == torch.device(d).index)
             _check(x, fn, out, sq, None)
             o, l = sd.sparse_decode(**cases[d])
             torch.cuda.synchronize(d)

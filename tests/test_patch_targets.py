@@ -62,18 +62,51 @@ def test_callers_pass_only_keywords_the_row_lists(version):
     assert checked, f"no caller checked for SGLang {version}"
 
 
+def _binds(tree, attr):
+    """Whether a module's top level binds ``attr`` (a def, an assignment or an import, in any branch of a top-level
+    if / try), or for ``Class.method`` a top-level class whose body defines the method."""
+    def top(body):
+        for node in body:
+            if isinstance(node, (ast.If, ast.Try)):
+                yield from top(node.body + node.orelse + getattr(node, "finalbody", [])
+                               + [n for h in getattr(node, "handlers", []) for n in h.body])
+            else:
+                yield node
+    if "." in attr:
+        cls, name = attr.split(".")
+        return any(isinstance(n, ast.ClassDef) and n.name == cls and _binds(ast.Module(body=n.body, type_ignores=[]), name)
+                   for n in top(tree.body))
+    for n in top(tree.body):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == attr:
+            return True
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            tgts = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(isinstance(x, ast.Name) and x.id == attr for t in tgts for x in ast.walk(t)):
+                return True
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == attr
+                                                               for a in n.names):
+            return True
+    return False
+
+
+def test_binds_finds_only_real_bindings():
+    """The check below must fail on a module that only mentions the name (a comment, a call, a string)."""
+    mentions = ast.parse("# flash_mla_with_kvcache_sm120\nx = flash_mla_with_kvcache_sm120(1)\n"
+                         "y = 'flash_mla_with_kvcache_sm120'\nclass A:\n    z = 1\n")
+    assert not _binds(mentions, "flash_mla_with_kvcache_sm120") and not _binds(mentions, "A.apply")
+    real = ast.parse("try:\n    from m import f as flash_mla_with_kvcache_sm120\nexcept ImportError:\n    pass\n"
+                     "class A:\n    def apply(self):\n        pass\n")
+    assert _binds(real, "flash_mla_with_kvcache_sm120") and _binds(real, "A.apply")
+
+
 @pytest.mark.parametrize("version", targets.TESTED)
 def test_owning_modules_exist_in_wheel(version):
+    """Each row's module, in each tested wheel, binds the attribute the row replaces (ast, not a text search)."""
     for t in _rows_for(version):
         if t.kind == "env" or not t.module.startswith("sglang"):
             continue
-        src = open(_source(version, t.module)).read()
-        if "." in t.attr:  # a method: its class and a def of that name
-            cls, name = t.attr.rsplit(".", 1)
-            assert f"class {cls}" in src and f"def {name}(" in src, f"SGLang {version}: {t.module} has no {t.attr}"
-            continue
-        assert f"def {t.attr}" in src or f"{t.attr} =" in src or f"import {t.attr}" in src or t.attr in src, \
-            f"SGLang {version}: {t.module} has no {t.attr}"
+        tree = ast.parse(open(_source(version, t.module)).read())
+        assert _binds(tree, t.attr), f"SGLang {version}: {t.module} binds no {t.attr}"
 
 
 def _import_and_report(version, modules, env, extra_path=(), prelude=""):
@@ -127,7 +160,7 @@ def _sparse_mla_sm120_paged_attention(q, kv, idx, output, out_lse, softmax_scale
 
 @pytest.mark.parametrize("version", sorted(SM120_DISPATCH))
 def test_bench_times_sglangs_own_flashinfer_path(version, tmp_path):
-    """scripts/bench_sparse_decode.py's 'sgl-fi' competitor: SGLang's own dispatcher (not ours, even with
+    """benchmarks/bench_sparse_decode.py's 'sgl-fi' competitor: SGLang's own dispatcher (not ours, even with
     DSV4_KERNEL_PREFER=ours) on its FlashInfer path, called with the keywords and row layout of SGLang's call site
     (b * s_q rows of one position); without FlashInfer's SM120 module it says so."""
     fi = tmp_path / "flashinfer"
@@ -138,7 +171,7 @@ def test_bench_times_sglangs_own_flashinfer_path(version, tmp_path):
     mod = SM120_DISPATCH[version]
     code = f"""
         import importlib, sys, torch
-        sys.path.insert(0, {os.path.join(ROOT, "scripts")!r})
+        sys.path.insert(0, {os.path.join(ROOT, "benchmarks")!r})
         import bench_sparse_decode as B
         try:
             fn = B.load_flashinfer_dispatcher()
@@ -215,15 +248,15 @@ DSV4_MODEL = "sglang.srt.models.deepseek_v4"
 KERNEL_HEADS = DSV4_MODEL + ".MqaAttentionBase._kernel_num_heads"
 # MqaAttentionBase._kernel_num_heads of the real wheel, called as the attention forward calls it, for a rank of
 # 16 heads at attention TP 4 (DeepSeek-V4: 64 heads); `blocker` stands for what the GPU would say
-# (ops.sparse_decode._unpadded_heads_blocker: "" = SM12x with a loadable library)
+# (patch.adapters._unpadded_heads_blocker: "" = SM12x with a loadable library)
 KERNEL_HEADS_CALL = """
 import types, torch
-import deepseek_v4_kernel.ops.sparse_decode as sd
+import deepseek_v4_kernel.patch.adapters as ad
 torch.cuda.is_available = lambda: True
 torch.cuda.current_device = lambda: 0
 attn = types.SimpleNamespace(attn_tp_size=4, n_local_heads=16, n_heads=64)
 for blocker in ("", "GPU 0 is sm_90, not SM12x"):
-    sd._unpadded_heads_blocker = lambda i, b=blocker: b
+    ad._unpadded_heads_blocker = lambda i, b=blocker: b
     try:
         print("HEADS=%d" % m.MqaAttentionBase._kernel_num_heads(attn, 1))
     except Exception as e:
@@ -490,3 +523,50 @@ def test_fp4_moe_apply_runs_ours_as_sglang_calls_it(version):
     strict = run_child(code, path=[sglang_dir(version)],
                        env={**FORCE, "TRITON_INTERPRET": "1", "DSV4_KERNEL_STRICT": "1"})
     assert "RAISED=UnsupportedCase" in strict.stdout, strict.stdout + strict.stderr
+
+
+def _imported_modules(path):
+    """Every module an ``import`` / ``from ... import`` statement of the file names (relative ones resolved)."""
+    tree = ast.parse(open(path).read())
+    pkg = os.path.relpath(os.path.dirname(path), ROOT).replace(os.sep, ".")
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+    return names
+
+
+def test_ops_know_no_serving_engine():
+    """deepseek_v4_kernel/ops (and the references) import nothing of SGLang, the patch layer or the engines' kernel
+    packages: every SGLang-specific piece (call signatures, method replacements, its env flags) lives in
+    deepseek_v4_kernel/patch, so the ops could serve another engine as they are."""
+    engine = ("sglang", "deepseek_v4_kernel.patch", "flashinfer", "deep_gemm", "flash_mla", "sgl_kernel", "vllm")
+    offenders = []
+    for sub in ("ops", "reference"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, "deepseek_v4_kernel", sub)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    offenders += [(os.path.relpath(path, ROOT), m) for m in _imported_modules(path)
+                                  if m.split(".")[0] in engine or m.startswith(engine)]
+                    assert "SGLANG_" not in open(path).read(), f"{path} reads an SGLang environment flag"
+    assert not offenders, offenders
+
+
+def test_every_replacement_is_in_the_adapters_module():
+    """The table's replacements all come from patch/adapters.py (one module maps SGLang's signatures onto the ops),
+    and each resolves to a callable; the adapters module registers SGLang's determinism switch with hc_prenorm."""
+    from deepseek_v4_kernel.patch.hook import resolve
+    rows = [t for t in targets.TARGETS if t.kind == "replace"]
+    assert rows and all(t.replacement.startswith("deepseek_v4_kernel.patch.adapters:") for t in rows), \
+        [t.replacement for t in rows if not t.replacement.startswith("deepseek_v4_kernel.patch.adapters:")]
+    assert all(callable(resolve(t.replacement)) for t in rows)
+    from deepseek_v4_kernel.ops import hc_prenorm
+    from deepseek_v4_kernel.patch import adapters
+    assert adapters.sglang_deterministic_inference in hc_prenorm.DETERMINISTIC_SOURCES

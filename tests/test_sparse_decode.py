@@ -9,9 +9,9 @@ sum_j e_j w_j V_j: per element at most 2^-8 out_abs (out_abs = sum_j w_j |V_j|),
 typically ~0.4 * 2^-8 row_spread (row_spread = sqrt(sum_g W_g^2 ||V_g||^2) over the row's distinct slots g, W_g
 the weights of g's copies: the copies of a slot share a score, hence one rounding error; the errors of distinct
 slots independent; both from the reference's error_scales). Per element: |out - ref| <= 2^-7 (out_abs + |ref|) +
-1e-5 (twice the bound). Per head row: ||out - ref|| <= 2^-8 (||ref|| + 2 row_spread) + 1e-5. H100 run 58 (main's
+1e-5 (twice the bound). Per head row: ||out - ref|| <= 2^-8 (||ref|| + 2 row_spread) + 1e-5. H100 (main's
 kernels, this file's GPU tests and 1000 fuzz seeds): at most 0.47 of the per-element bound and 0.61 of the head-row
-bound; without its row_spread term head rows of a few tokens reached 1.35x. Run 59: with each copy of a slot counted
+bound; without its row_spread term head rows of a few tokens reached 1.35x. H100: with each copy of a slot counted
 as independent (as until then), 1000 more seeds reached 0.86 (450 copies of 3 rows) and rows of copies of a few
 slots whose values nearly cancel exceed the bound 2.2x with the kernels' own rounding
 (test_check_accepts_the_rounding_with_repeated_slots, test_gpu_repeated_slots). The head-row bound is what catches
@@ -35,6 +35,7 @@ from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.reference.sparse_decode import (_gather, out_error_ratios, pack_fp8_ds_mla, sparse_decode_ref,
                                                         unpack_fp8_ds_mla)
 from deepseek_v4_kernel.ops import sparse_decode as sd
+from deepseek_v4_kernel.patch import adapters as ad
 from fuzz import SEEDS, SM_COUNTS, named, patch_sm_count, replay_on_poisoned
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -143,7 +144,7 @@ def test_reference_error_scales_of_empty_inputs():
 def test_check_catches_what_the_rounding_cannot_explain():
     """_check (the GPU tests' comparison) accepts the reference rounded to bf16, and rejects a token missing from
     P V only (lse unchanged), out 1.6 % too large everywhere (only the head-row norm sees it) and one element off
-    by 0.02, all of which the tolerance before run 58 (atol 2e-2, rtol 1.6e-2 per element) let through."""
+    by 0.02, all of which the tolerance before (atol 2e-2, rtol 1.6e-2 per element) let through."""
     a = _case(b=2, s_q=1, h_q=16, topk=128, extra_topk=512, n_extra=2000, sink=True, seed=58, neg_frac=0.0)
     ref_o, ref_l = sparse_decode_ref(**a)
     _check(a, ref_o.bfloat16(), ref_l.float())
@@ -179,8 +180,8 @@ def _rounded_like_the_kernels(a):
 def test_check_accepts_the_rounding_with_repeated_slots():
     """The head-row bound counts a slot's copies as one weight (they share a score, so their rounded weights share
     their error): the kernels' rounding (_rounded_like_the_kernels) passes _check on rows of 512 copies of 2-3 slots
-    whose values nearly cancel, with and without a sink. Counting each copy as independent (the bound before run 59)
-    put such rows up to 2.2x over it; run 59's 1000 fuzz seeds had one at 0.86 (450 copies of 3 extra rows)."""
+    whose values nearly cancel, with and without a sink. Counting each copy as independent (the bound before)
+    put such rows up to 2.2x over it; the H100 1000 fuzz seeds had one at 0.86 (450 copies of 3 extra rows)."""
     for seed in range(12):
         a = _repeated_slots_case(seed)
         _check(a, *_rounded_like_the_kernels(a))
@@ -222,7 +223,7 @@ def test_shim_signatures():
              "softmax_scale", "causal", "is_fp8_kvcache", "indices", "attn_sink", "extra_k_cache",
              "extra_indices_in_kvcache", "topk_length", "extra_topk_length"]
     assert list(inspect.signature(sd.flash_mla_with_kvcache).parameters) == names
-    ps = list(inspect.signature(sd.flash_mla_with_kvcache_sm120).parameters.values())
+    ps = list(inspect.signature(ad.flash_mla_with_kvcache_sm120).parameters.values())
     assert len(ps) == 1 and ps[0].kind == inspect.Parameter.VAR_KEYWORD
 
 
@@ -315,7 +316,7 @@ def test_launches_take_the_warp_specialised_kernel_under_auto(monkeypatch):
         assert sd.IMPL_CODE[ws] == code and sd.HEAD_TILE[ws] == hpb == sd.HEAD_TILE[m64]
         monkeypatch.setattr(sd, "WS", True)
         assert sd.launch_kernel(hpb, "auto", 640) == ws and sd.launch_kernel(hpb, "auto", 128) == ws
-        # 3 tiles per block: the 8-warp kernel for 64 heads (run 50), the warp-specialised one for 32 / 16 (run 53)
+        # 3 tiles per block: the 8-warp kernel for 64 heads , the warp-specialised one for 32 / 16 
         assert sd.launch_kernel(hpb, "auto", 96) == (m64 if hpb == 64 else ws)
         assert sd.launch_kernel(hpb, "auto", 32) == (m64 if hpb == 64 else ws)
         assert sd.launch_kernel(hpb, "mma64", 640) == m64
@@ -324,7 +325,7 @@ def test_launches_take_the_warp_specialised_kernel_under_auto(monkeypatch):
 
 
 def test_sixteen_head_launches_take_the_deep_gather_under_auto(monkeypatch):
-    """"auto" runs 16-head launches of >= DEEP_MIN_TILES tiles per block on the deep-gather variant (impl 8), shorter
+    """"auto" H100-head launches of >= DEEP_MIN_TILES tiles per block on the deep-gather variant (impl 8), shorter
     ones on the two-buffer block; DSV4_SPARSE_DECODE_DEEP=0 (DEEP) keeps the two-buffer block, WS=0 the 8-warp
     kernel, and 32 / 64-head launches never take it."""
     assert sd.IMPL_CODE["mma64wsh16deep"] == 8 and sd.DEEP_MIN_TILES == 4
@@ -429,13 +430,13 @@ def test_choose_splits_shapes_only():
 
 
 def _runs_path(name):
-    """A committed device-run record: docs/sparse_decode_runs/<name>."""
-    return os.path.join(ROOT, "docs", "sparse_decode_runs", name)
+    """A committed H100 sweep the launch rule is checked against: tests/data/<name>."""
+    return os.path.join(ROOT, "tests", "data", name)
 
 
 def _launch_sweep(name):
     """(shape row, {(heads per block, splits): us}, fastest us, the current rule's pick) per shape of a
-    committed launch sweep (docs/sparse_decode_runs/<name>, written by scripts/sweep_sparse_decode.py)."""
+    committed launch sweep (tests/data/<name>, written by tools/sweep_sparse_decode.py)."""
     import json
     data = json.load(open(_runs_path(name)))
     for r in data["rows"]:
@@ -445,47 +446,47 @@ def _launch_sweep(name):
 
 
 def test_mma64_launch_picks_against_the_measured_sweep():
-    """The launch-shape rule vs H100 run 26's sweep (L2-warm inputs, the run-26 library: every
-    heads-per-block x split count, 80 shapes at b 1..16; data the run-47 model was not fitted to): its pick
+    """The launch-shape rule vs H100's sweep (L2-warm inputs, an earlier library: every
+    heads-per-block x split count, 80 shapes at b 1..16; data the current model was not fitted to): its pick
     is within 5 % of the fastest measured point on every shape (run-to-run noise is ~2-3 %), and never more
-    than 3 % slower than the rule before run 26, which was up to 1.28x off here."""
-    rows = list(_launch_sweep("h100_run26_launch_sweep.json"))
+    than 3 % slower than the rule before, which was up to 1.28x off here."""
+    rows = list(_launch_sweep("sparse_decode_launch_sweep_l2warm_h100.json"))
     assert len(rows) == 80
     worst_old = 1.0
     for r, us, best, choice in rows:
         pick = us[choice]
-        old = us[tuple(r["rule_run25"])]
+        old = us[tuple(r["rule_wave_fit"])]
         worst_old = max(worst_old, old / best)
         assert pick <= 1.05 * best, (r["b"], r["h_q"], r["s_q"], r["extra"], choice, pick, best)
         assert pick <= old * 1.03, (r["b"], r["h_q"], r["s_q"], r["extra"], pick, old)
     assert worst_old > 1.2    # the data do tell the two rules apart
 
 
-@pytest.mark.parametrize("name", ["h100_run47_launch_sweep_cold.json", "h100_run47_launch_sweep_cold_check.json"])
+@pytest.mark.parametrize("name", ["sparse_decode_launch_sweep_h100.json", "sparse_decode_launch_sweep_check_h100.json"])
 def test_mma64_launch_picks_against_the_cold_sweeps(name):
-    """The launch-shape rule vs H100 run 47's sweeps with decode-step inputs (KV rows from HBM, q and
-    indices hot): the 80 shapes the run-47 model was fitted to, and 32 shapes measured on another H100
+    """The launch-shape rule vs H100's sweeps with decode-step inputs (KV rows from HBM, q and
+    indices hot): the 80 shapes the current model was fitted to, and 32 shapes measured on another H100
     before the fit. Its pick is within 3 % of the fastest measured point on every shape, while the
-    run-26 rule (stored with each shape as measured) was 8-11 % off on six of them."""
+    earlier rule (stored with each shape as measured) was 8-11 % off on six of them."""
     worst_run26 = 1.0
     for r, us, best, choice in _launch_sweep(name):
         assert choice in us, ("pick outside the swept points", r["b"], r["h_q"], r["s_q"], r["extra"], choice)
         assert us[choice] <= 1.03 * best, (r["b"], r["h_q"], r["s_q"], r["extra"], choice, us[choice], best)
-        worst_run26 = max(worst_run26, us[tuple(r["rule_run26"])] / best)
+        worst_run26 = max(worst_run26, us[tuple(r["rule_no_store_term"])] / best)
     assert worst_run26 > 1.07    # the data tell the two models apart
 
 
 def _fit_tool():
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
     import fit_launch_model
     return fit_launch_model
 
 
 def test_launch_model_fit_reproduces_the_shipped_weights():
-    """scripts/fit_launch_model.py (the tool for refitting the launch rule on another GPU) fitted to run 47's sweep
+    """tools/fit_launch_model.py (the tool for refitting the launch rule on another GPU) fitted to the H100 sweep
     gives M64_COST's weights as shipped (3 decimals), and reports the shipped picks as the fastest points of it."""
     tool = _fit_tool()
-    sweep = tool.load_sweep(_runs_path("h100_run47_launch_sweep_cold.json"))
+    sweep = tool.load_sweep(_runs_path("sparse_decode_launch_sweep_h100.json"))
     fitted = tool.fit([sweep])
     assert set(fitted) == set(sd.M64_COST)
     for k, v in sd.M64_COST.items():
@@ -499,22 +500,22 @@ def test_launch_model_fit_reproduces_the_shipped_weights():
 
 
 def test_mma64_launch_picks_against_the_auto_kernel_sweep():
-    """The launch rule vs H100 run 59's sweep with every point on the kernel "auto" runs for it (the warp-specialised
-    blocks of runs 50-55; the weights were fitted in run 47 to the 8-warp kernel): on all 80 shapes its pick was timed
+    """The launch rule vs H100's sweep with every point on the kernel "auto" runs for it (the warp-specialised
+    blocks of H100; the weights were fitted in H100 to the 8-warp kernel): on all 80 shapes its pick was timed
     and is within 3 % of the fastest point (worst 1.023 in that run)."""
     tool = _fit_tool()
-    sweep = tool.load_sweep(_runs_path("h100_run59_call3_sweep_auto_kernels.json"))
+    sweep = tool.load_sweep(_runs_path("sparse_decode_sweep_auto_kernels_h100.json"))
     _, summary = tool.report(dict(sd.M64_COST), *sweep)
     assert summary["shapes"] == summary["timed_picks"] == 80
     assert summary["worst"] <= 1.03 and summary["over_3pct"] == 0, summary
 
 
 def test_launch_model_search_improves_bad_weights():
-    """The fit tool's pick search: from weights without the partial terms (26 of run 47's 80 shapes > 3 % off the
+    """The fit tool's pick search: from weights without the partial terms (26 of the H100 80 shapes > 3 % off the
     fastest point) it finds weights with none; its vectorised pick agrees with mma64_launch's own (report); and a set
     replaces the shipped one only with fewer shapes off or a mean pick time MIN_GAIN lower."""
     tool = _fit_tool()
-    sweep = tool.load_sweep(_runs_path("h100_run47_launch_sweep_cold.json"))
+    sweep = tool.load_sweep(_runs_path("sparse_decode_launch_sweep_h100.json"))
     tables = tool.shape_tables(*sweep)
     bad = dict(sd.M64_COST, part_mb=0.0, store16=0.0)
     vec = tool.weight_vector
@@ -527,11 +528,11 @@ def test_launch_model_search_improves_bad_weights():
 
 
 def test_ab_tool_alternates_processes_and_reports_min_over_rounds(tmp_path, monkeypatch):
-    """scripts/ab_sparse_decode.py (the A/B of libraries every kernel change is judged by): each library in its own
+    """tools/ab_sparse_decode.py (the A/B of libraries every kernel change is judged by): each library in its own
     process with its DSV4_KERNEL_LIB, alternating, round after round; per shape the minimum over rounds and its ratio to
     the first library; a failed process is reported and makes the exit status 1; bad arguments name what was
     expected. The processes are faked here (the child times on a GPU)."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
     import ab_sparse_decode as ab
     libs = {}
     for tag in ("base", "new"):
@@ -575,18 +576,20 @@ def test_ab_tool_alternates_processes_and_reports_min_over_rounds(tmp_path, monk
 
 
 def test_diag_script_is_consistent_and_refuses_other_gpus(tmp_path):
-    """scripts/device_sparse_decode_diag.sh (the first measurements on a new GPU): valid bash, the scripts and trace-tool
+    """tools/device_sparse_decode_diag.sh (the first measurements on a new GPU): valid bash, the scripts and trace-tool
     ablations it names exist, and on a GPU the library is not built for (a fake nvidia-smi: compute capability 8.9) it
     stops with a message naming the capability and exit status 1, before building anything."""
     import re
     import subprocess
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
     import trace_sparse_decode as tr
-    path = os.path.join(ROOT, "scripts", "device_sparse_decode_diag.sh")
+    path = os.path.join(ROOT, "tools", "device_sparse_decode_diag.sh")
     assert subprocess.run(["bash", "-n", path]).returncode == 0
     src = open(path).read()
-    for script in set(re.findall(r"scripts/([\w.]+\.(?:py|sh))", src)):
-        assert os.path.isfile(os.path.join(ROOT, "scripts", script)), script
+    named = set(re.findall(r"((?:scripts|tools|benchmarks)/[\w.]+\.(?:py|sh))", src))
+    assert named, "the diag script names no script"
+    for script in named:
+        assert os.path.isfile(os.path.join(ROOT, script)), script
     assert set(re.findall(r"--ablate (\w+)", src)) == set(tr.ABLATIONS)
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -792,7 +795,7 @@ def _every_code_case(b, h_q, topk, page_size=64, seed=0):
     exactly (P = 1, bf16 values): the dequantisation checked bit for bit. The cache's NoPE bytes are written
     directly and run through every finite e4m3 code (0x7f / 0xff are NaN), subnormals included, with scale bytes
     127 - 32 .. 127 + 10 (the results stay normal bf16 numbers), four of them fixed on an attended token (the edges
-    of run 55's bit-move dequantisation, 100 / 134, not kept; any kernel must get every scale right); RoPE is random
+    of the H100 bit-move dequantisation, 100 / 134, not kept; any kernel must get every scale right); RoPE is random
     bf16."""
     from deepseek_v4_kernel.reference.sparse_decode import ROW, SROW, _raw_pages
 
@@ -992,7 +995,7 @@ def test_gpu_shims_match_op():
     kw = dict(q=a["q"], k_cache=a["k_cache"], head_dim_v=512, softmax_scale=None, indices=a["indices"],
               topk_length=a["topk_length"], attn_sink=a["attn_sink"], extra_k_cache=a["extra_k_cache"],
               extra_indices_in_kvcache=a["extra_indices"], extra_topk_length=a["extra_topk_length"])
-    o2, l2 = sd.flash_mla_with_kvcache_sm120(**kw)
+    o2, l2 = ad.flash_mla_with_kvcache_sm120(**kw)
     o3, l3 = sd.flash_mla_with_kvcache(block_table=None, cache_seqlens=None, tile_scheduler_metadata=object(),
                                        is_fp8_kvcache=True, **kw)
     assert torch.equal(o1, o2) and torch.equal(o1, o3) and torch.equal(l1, l2) and torch.equal(l1, l3)
@@ -1137,7 +1140,7 @@ def test_extension_error_names_the_gpu_arch_and_the_build(monkeypatch):
 
 
 def test_unpadded_heads_only_where_our_kernel_runs(monkeypatch):
-    """ops.sparse_decode.kernel_num_heads (the patch row of SGLang 0.5.20+'s MqaAttentionBase._kernel_num_heads):
+    """patch.adapters.kernel_num_heads (the patch row of SGLang 0.5.20+'s MqaAttentionBase._kernel_num_heads):
     the rank's own heads on an SM12x GPU whose library loads; otherwise UnsupportedCase naming why (the patch layer
     then runs SGLang's method, which pads q to 64 heads for its own kernels)."""
     import types
@@ -1147,7 +1150,7 @@ def test_unpadded_heads_only_where_our_kernel_runs(monkeypatch):
     attn = types.SimpleNamespace(attn_tp_size=8, n_local_heads=8, n_heads=64)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UnsupportedCase, match="q stays padded to 64 heads: no CUDA device"):
-        sd.kernel_num_heads(attn, 4)
+        ad.kernel_num_heads(attn, 4)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     cap, why = {}, {}
@@ -1158,23 +1161,23 @@ def test_unpadded_heads_only_where_our_kernel_runs(monkeypatch):
         return why[device.index]
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: cap[index])
-    monkeypatch.setattr(sd, "_extension_error", ext_error)
-    sd._unpadded_heads_blocker.cache_clear()
+    monkeypatch.setattr(ad, "_extension_error", ext_error)
+    ad._unpadded_heads_blocker.cache_clear()
     try:
         for c, w, expect in [((12, 0), None, None), ((9, 0), None, "GPU 1 is sm_90, not SM12x"),
                              ((12, 1), "has no kernel for GPU 1 (NVIDIA GB10, sm_121)", "has no kernel for GPU 1"),
                              ((12, 0), ExtensionUnavailable("_C.so does not load"), "_C.so does not load")]:
-            sd._unpadded_heads_blocker.cache_clear()
+            ad._unpadded_heads_blocker.cache_clear()
             cap[1], why[1] = c, w
             if expect is None:
-                assert sd.kernel_num_heads(attn, 4) == 8
+                assert ad.kernel_num_heads(attn, 4) == 8
                 cap[1] = (9, 0)   # cached per device: not asked again
-                assert sd.kernel_num_heads(attn, 64) == 8
+                assert ad.kernel_num_heads(attn, 64) == 8
             else:
                 with pytest.raises(UnsupportedCase, match="q stays padded to 64 heads: .*" + expect):
-                    sd.kernel_num_heads(attn, 4)
+                    ad.kernel_num_heads(attn, 4)
     finally:
-        sd._unpadded_heads_blocker.cache_clear()
+        ad._unpadded_heads_blocker.cache_clear()
 
 
 @pytest.mark.gpu
@@ -1209,7 +1212,7 @@ H, I, E = 256, 128, 4
 x = torch.randn(2, H, device="cuda").bfloat16()
 w13 = torch.zeros(E, 2 * I, H // 2, dtype=torch.uint8, device="cuda")
 w2 = torch.zeros(E, H, I // 2, dtype=torch.uint8, device="cuda")
-print("MOE", fp4_moe._cuda_decode_unsupported(x, w13, w2, 12, H, I))
+print("MOE", fp4_moe.dispatch._cuda_decode_unsupported(x, w13, w2, 12, H, I))
 print("IMPL", fp4_moe.pick_impl(x, w13, w2, 6))
 from deepseek_v4_kernel.ops import hc_prenorm as hp   # DISABLE_MMA_V3=1: auto would take the compiled kernel
 x = torch.randn(512, 1024, device="cuda").bfloat16()
@@ -1218,7 +1221,7 @@ print("HC", hp.cuda_unsupported(x, fn, 1))
 out, sq = torch.full((512, 24), float("nan"), device="cuda"), torch.full((512,), float("nan"), device="cuda")
 hp.hc_prenorm_gemm(x, fn, out, sq)
 ref = x.double() @ fn.double().T
-print("HCRUN", hp.last_launch[0], bool(((out.double() - ref).abs() <= 1e-3 * (x.double().abs() @ fn.double().abs().T)).all()))
+print("HCRUN", hp.api.last_launch[0], bool(((out.double() - ref).abs() <= 1e-3 * (x.double().abs() @ fn.double().abs().T)).all()))
 """
 
 
@@ -1340,13 +1343,13 @@ def test_gpu_fuzz(monkeypatch, seed):
 
 
 def test_latency_floor_skeleton_is_our_b1_launch_and_its_kernels_do_what_they_time():
-    """scripts/bench_latency_floor.py (run 64: why >= 100x the Triton fallback is out of reach at b = 1): its
+    """tools/latency_floor.py (H100: why >= 100x the Triton fallback is out of reach at b = 1): its
     skeleton runs as many programs as our split grid has at b = 1, h_q 64, extra 512 (80 on an H100's 132 SMs:
     4 blocks of 16 heads x 20 splits; the launch rule's pick on other SM counts), the chain kernel stores exactly the
     row each slot index points at in a 584-byte-per-token cache, and the merge sums every program's row per byte
     (mod 256: uint8). Runs the Triton kernels in the interpreter without a GPU."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import bench_latency_floor as fl
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import latency_floor as fl
     assert fl.skeleton_programs(132) == 80
     for sms in (170, 188):   # RTX 5090, RTX PRO 6000
         hpb, splits, _ = sd.mma64_launch(1, 1, 64, 640, sms)

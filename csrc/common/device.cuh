@@ -78,6 +78,20 @@ struct PdlSwitch {
   std::atomic<unsigned long long> ok{0};
   explicit PdlSwitch(const char* e) : env(e) {}
 };
+// An environment switch set to off: 0 / false / no / off in any case (deepseek_v4_kernel/switches.py, the one parser;
+// the Python side refuses any other non-empty value, naming the variable, before a launch reads it here).
+static inline bool switch_off(const char* v) {
+  if (v == nullptr) return false;
+  while (*v == ' ' || *v == '\t') ++v;
+  char w[8] = {0};
+  int n = 0;
+  for (; v[n] != 0 && v[n] != ' ' && v[n] != '\t'; ++n) {
+    if (n == 7) return false;
+    w[n] = (v[n] >= 'A' && v[n] <= 'Z') ? char(v[n] - 'A' + 'a') : v[n];
+  }
+  return !strcmp(w, "0") || !strcmp(w, "false") || !strcmp(w, "no") || !strcmp(w, "off");
+}
+
 static inline cudaError_t pdl_enabled(PdlSwitch& sw, bool* pdl) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -88,7 +102,7 @@ static inline cudaError_t pdl_enabled(PdlSwitch& sw, bool* pdl) {
     e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e != cudaSuccess) return e;
     const char* v = getenv(sw.env);
-    if (major >= 9 && !(v != nullptr && strcmp(v, "0") == 0)) sw.ok.fetch_or(bit, std::memory_order_release);
+    if (major >= 9 && !switch_off(v)) sw.ok.fetch_or(bit, std::memory_order_release);
     sw.checked.fetch_or(bit, std::memory_order_release);
   }
   *pdl = (sw.ok.load(std::memory_order_acquire) & bit) != 0;

@@ -49,7 +49,7 @@ constexpr int kGemm1Rows = 8 * kTiles;        // gate rows per gemm1 block (+ as
 constexpr int kGemm2Rows = 16 * kTiles;       // W2 rows (output columns) per gemm2 block
 constexpr int kMaxSlots = DSV4_FP4_MOE_MAX_SLOTS;
 // Register budget: 3 blocks of 128 threads per SM (<= 168 registers; no spills on sm_90a or sm_120a) with
-// 3 weight steps in flight per warp. H100 (docs/fp4_moe.md section 7, sweeps via DSV4_NVCC_FLAGS -D
+// 3 weight steps in flight per warp. H100 (docs/fp4_moe.md, sweeps via DSV4_NVCC_FLAGS -D
 // overrides): 4 blocks per SM (128 registers) was 7-13 % faster at 8-32 tokens but 8 % slower at 1 token
 // and spills on sm_90a; 4 stages spill at 168 registers.
 #ifndef DSV4_FP4_MOE_STAGES
@@ -60,7 +60,7 @@ constexpr int kMaxSlots = DSV4_FP4_MOE_MAX_SLOTS;
 #endif
 // Early weights: with at most kEarlyMaxSlots slots, a block issues its first weight steps right after
 // reading its own slot's expert, so that DRAM round trip overlaps the routing votes; a block that turns
-// out to be a duplicate drops them. H100 (docs/fp4_moe.md section 7): 1 token 53.0 -> 51.6 us, but at
+// out to be a duplicate drops them. H100 (docs/fp4_moe.md): 1 token 53.0 -> 51.6 us, but at
 // 32 tokens (192 slots, ~50 duplicate slots x 256 blocks x 16 KB of dropped loads) 1076 -> 1113 us,
 // hence the slot limit. DSV4_FP4_MOE_EARLY_WEIGHTS=0: never.
 #ifndef DSV4_FP4_MOE_EARLY_WEIGHTS
@@ -82,7 +82,7 @@ static_assert(kGemm1Rows * kCols <= kThreads, "gemm1 epilogue: one (gate row, sl
 // ---- loads --------------------------------------------------------------------------------------------
 // L2 prefetch size of the weight loads (PTX .L2::64B / 128B / 256B, sm_75+): a lane reads 16 B, a warp
 // 64 contiguous bytes of a row per step, and the block's warps take consecutive steps, so the hint lets the
-// L2 fetch the segment the sibling warps read next in one DRAM access. H100 (docs/fp4_moe.md run 14,
+// L2 fetch the segment the sibling warps read next in one DRAM access. H100 (docs/fp4_moe.md,
 // same call, 2 rounds alternating): 256 B 1.5-2.5 % faster than no hint at 1 to 32 tokens (1 token 55.4 ->
 // 54.2 us). 0: no hint. (Build-time switch for A/B runs: DSV4_NVCC_FLAGS=-D...)
 #ifndef DSV4_FP4_MOE_W_PREFETCH

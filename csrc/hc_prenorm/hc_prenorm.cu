@@ -33,7 +33,7 @@ static cudaError_t launch_small(const HcPrenormParams& q, dim3 grid, bool pdl, c
 // the kFast MMA kernel (kernel.cuh) with mma_rows x rows per block (0: kRows = 64; api.cu checks the shapes), grid
 // (row tiles, z) where z = the sub-slices (kAtomic), the caller's splits, or splits x sub-slices into the workspace.
 // 16 / 32 rows: two blocks per SM (<= 128 registers, no spills on sm_120a); a 48-row instance (236 registers, one
-// block per SM) won only at m = 96 with 64 splits, by 5 % (H100 run 22), and was not kept
+// block per SM) won only at m = 96 with 64 splits, by 5 % (H100), and was not kept
 template <bool kAtomic>
 static cudaError_t launch_fast(const HcPrenormParams& q, unsigned z, bool pdl, cudaStream_t stream) {
   using namespace hcp;
@@ -91,7 +91,7 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
   }
   if (p.fn_row_kernel) {   // m <= 2, one split (api.cu): one block per fn row over the whole K
     // <x rows, float4 columns per thread and round>: <= 64 registers for 1024 threads, no spills (sm_120a / sm_90a).
-    // (m = 3 / 4 instances with two rounds were slower than the exchange: 4.2 / 4.7 against 3.7 us, H100 run 19)
+    // (m = 3 / 4 instances with two rounds were slower than the exchange: 4.2 / 4.7 against 3.7 us, H100)
     const dim3 grid((unsigned)p.n);
     return p.m == 1 ? launch_kernel(hcs::hc_prenorm_fnrow_kernel<1, 4>, grid, hcs::kRowThreads, 0, pdl, stream, p)
                     : launch_kernel(hcs::hc_prenorm_fnrow_kernel<2, 4>, grid, hcs::kRowThreads, 0, pdl, stream, p);
@@ -100,9 +100,9 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
     // the few-rows kernel (kernel_small.cuh), R = small_rows x rows per block (instances: launch_small), two
     // blocks per SM (<= 128 registers). A 256-wide split
     // (SGLang's 64 splits of K = 16384) is one round of loads up to R = 2, two rounds from R = 4 (one round
-    // there needs > 128 registers, one block per SM: H100 run 17, 3 % faster at m = 16, 11-44 % slower at
-    // m = 32-64). H100, run 16: the 16-row block as 8 x 3 / 4 x 6 / 2 x 3 per lane, or a 32-row block, was
-    // 10-90 % slower at m = 16-64; run 17: 8 x 3 x 2 row groups the same as 4 x 3 x 4 or up to 4 % slower.
+    // there needs > 128 registers, one block per SM: H100, 3 % faster at m = 16, 11-44 % slower at
+    // m = 32-64). H100: the 16-row block as 8 x 3 / 4 x 6 / 2 x 3 per lane, or a 32-row block, was
+    // 10-90 % slower at m = 16-64; H100: 8 x 3 x 2 row groups the same as 4 x 3 x 4 or up to 4 % slower.
     // P > 1 (one caller split, api.cu): the kernel sees the P sub-slices as P splits of the workspace.
     // With an exchange buffer (p.xchg) the sub-slices' partials are summed in the launch (kernel_small.cuh,
     // xchg_consume) and written to the caller's out / sqrsum: no workspace, no reduce grid.

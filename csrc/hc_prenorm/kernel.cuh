@@ -16,7 +16,7 @@
 //       entries of two k16 steps (k positions 2t4, 2t4+1 / 2t4+8, 2t4+9 of each step, a permutation of k
 //       applied to A and B alike, which leaves the dot product unchanged). x is read once, as full
 //       32-byte sectors, and the square-sum comes from the same registers. (A per-warp cp.async ring,
-//       3 chunks deep, was slower on the H100: 118 -> 137-146 us at m = 8192, docs/hc_prenorm.md run 9.)
+//       3 chunks deep, was slower on the H100: 118 -> 137-146 us at m = 8192, docs/hc_prenorm.md.)
 // Block = kR = 64 x rows (8 n8 tiles per warp; 16 / 32 rows: kFast, below) x one K sub-slice; its 8 warps take
 // interleaved 32-wide K chunks (x and fn of the next chunk in flight during the MMAs of the current one) and
 // their partials are summed through shared memory in a fixed order. Grid (m tiles, S * P): the caller's split s is cut
@@ -24,7 +24,7 @@
 // each block writes its partial to a workspace and the P partials are summed in a fixed order
 // (deterministic, graph-safe) by
 //   kFast shapes (see hc_prenorm_kernel): hc_prenorm_reduce_kernel, a second small grid launched with PDL
-//     (docs/hc_prenorm.md run 14);
+//     (docs/hc_prenorm.md);
 //   the general kernel: the last block of an (m tile, split) group to arrive (an atomic counter, reset by
 //     it), in the same launch, in sub-slice order.
 #pragma once
@@ -65,7 +65,7 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uin
 
 // L2 prefetch size of the x loads (PTX .L2::64B / 128B / 256B, sm_75+, so SM90 and SM120): a lane reads
 // 16 B, a warp 64 contiguous bytes of each x row per chunk, and warps w .. w + 3 take consecutive chunks,
-// so the hint lets the L2 fetch the 256-byte segment they read next in one DRAM access. H100 run 11
+// so the hint lets the L2 fetch the 256-byte segment they read next in one DRAM access. H100
 // (docs/hc_prenorm.md, same call, 2 rounds alternating): 256 B 2-4 % faster than no hint at every m from
 // 512 to 8192 (m = 1024: 20.1 -> 19.6 us; 8192: 109.9 -> 106.5), 128 B about the same as 256 B.
 // 0: no hint. (Build-time switch for A/B runs: DSV4_NVCC_FLAGS=-D...)
@@ -96,17 +96,17 @@ __device__ __forceinline__ uint4 ld_stream(const void* ptr) {
 // with its own splits. Then no load carries a predicate but the chunk count: the last m tile is shifted
 // back to end at row m (it recomputes rows of the tile before it and stores only its own), every chunk is
 // whole and all 24 fn rows exist; and the block's out rows leave shared memory as float4 sums and float4
-// stores. H100 (docs/hc_prenorm.md run 13, scripts/hc_stream_probe.cu, m = 512, 16 splits): 11.4 -> 10.0 us;
+// stores. H100 (docs/hc_prenorm.md, tools/hc_stream_probe.cu, m = 512, 16 splits): 11.4 -> 10.0 us;
 // the scalar store loop of the general epilogue alone was ~1.2 us. With P > 1 (n = 24, K % 32 == 0, m >= 64,
 // any out strides) the launcher points out / sqrsum at the workspace, laid out as [S * P, m, 24] and
 // [S * P, m], so block (mt, z = s P + q) stores its partial as z; hc_prenorm_reduce_kernel sums them. (The
 // last-block hand-off of the general kernel, compiled into this one, made its sm_120a build spill 4-16 B:
-// the main loop is at the 255-register limit; run 13.)
+// the main loop is at the 255-register limit; H100.)
 // kR (kFast only below 64; p.mma_rows): x rows per block, 16 or 32 at decode sizes (hc_prenorm.py mma_rows_pick),
 // two blocks per SM (<= 128 registers: acc 3 x kR / 8 x 4, x and fn of two chunks in flight); shared memory
 // 4 x (kR x kPitch + kR) floats (7424 / 14848 B). With 64 rows a decode call (m <= 128) is one or two row tiles, so
 // the grid is P sub-slices of long K ranges on a few dozen SMs; 16-row tiles with 32-64 sub-slices of 256-512 put
-// one or two chunks on each warp of 100-260 blocks (H100 run 22, num_splits None: m = 48 5.5 -> 4.4 us, m = 64
+// one or two chunks on each warp of 100-260 blocks (H100, num_splits None: m = 48 5.5 -> 4.4 us, m = 64
 // 5.4 -> 4.5; with SGLang's 64 splits, against the few-rows FMA kernel: m = 48 4.9 -> 4.0).
 // kAtomic (kFast only; p.atomic_sum, one caller split, P > 1): every block adds its float4 sums into the caller's out
 // [m, 24] and sqrsum (out_stride_s = sq_stride_s = 0 from the launcher), zeroed by hc_prenorm_zero_kernel just before;
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, kR <= 32 ? 2 : 1) hc_prenorm_kernel(
   // more), then the same partition of split s over its P sub-slices; a range may be empty. kFast: in
   // 32-bit (the operands fit: nb < 2^31, S * P < 2^16), where the sm_120a build spills with int64 (16 B);
   // the general kernel keeps int64, with which its sm_90a build spills less (16 B, not 28) and is 3-6 %
-  // faster on the H100 (run 13).
+  // faster on the H100.
   using PI = typename std::conditional<kFast, int, int64_t>::type;
   const PI P = (PI)p.sub_splits, S = (PI)p.num_splits;
   const PI s = (PI)blockIdx.y / P, q = (PI)blockIdx.y - s * P;
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, kR <= 32 ? 2 : 1) hc_prenorm_kernel(
 //      ... of its lane's unit in sub-slice order, then warp 0 adds the kRedWarps warp sums in warp order
 //      (shared memory): deterministic. Launched with PDL after the GEMM grid, which does not trigger it
 //      early: its blocks are placed as GEMM blocks exit, over all SMs, and pdl_wait() waits for the partials.
-//      H100 (docs/hc_prenorm.md run 14, num_splits None, the auto P): one thread per unit summing all P
+//      H100 (docs/hc_prenorm.md, num_splits None, the auto P): one thread per unit summing all P
 //      (128-thread blocks) was 1.18x slower at m = 256, 1.03x at 512, equal from 1024; a trigger at the GEMM's
 //      start (the reduce blocks then crowd the few SMs the GEMM grid leaves free) 1.09 / 1.05 / 1.03x slower
 //      at m = 256 / 512 / 1024 than none.
@@ -386,7 +386,7 @@ constexpr int kRedWarps = 8;   // 256 threads, 4 KB of static shared memory
 //      It waits for the previous kernel of the stream first (out's memory may still be read there) and only then
 //      lets the next grid launch, which is what lets that grid load x / fn before its own PDL wait. Why a second
 //      grid before instead of the reduce grid after: this one has nothing to wait for but the previous kernel,
-//      while the reduce grid waits for the slowest GEMM block and reads every partial back from L2 (H100 run 21,
+//      while the reduce grid waits for the slowest GEMM block and reads every partial back from L2 (H100,
 //      num_splits None: m = 16 4.2 against 5.1 us, m = 512 10.0 against 11.3).
 constexpr int kZeroThreads = 256;
 constexpr int kZeroMaxBlocks = 1024;   // grid-stride beyond m (n + 1) = 262144 values

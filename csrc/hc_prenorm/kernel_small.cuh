@@ -1,7 +1,6 @@
 // mHC pre-norm GEMM + square-sum for a few rows (decode: m <= 64) with the caller's K splits (SGLang's
 // mhc_pre passes 64 of them at m <= 64): plain fp32 FMA, no tensor cores, no shared memory, one or two rounds
-// of loads per 256 K values, so a call is one launch and one or two DRAM round trips (docs/hc_prenorm.md runs
-// 16-17).
+// of loads per 256 K values, so a call is one launch and one or two DRAM round trips (docs/hc_prenorm.md).
 //   out[s, i, j] = sum_{k in split s} x[i, k] * fn[j, k],   sqrsum[s, i] = sum_{k in split s} x[i, k]^2
 // Why not the MMA kernel (kernel.cuh) here: at m <= 64 the call moves 1.5 MiB of fn and at most 2 MiB of x
 // and does at most 25 M multiply-adds, so it is bound by latency and instruction issue: the MMA kernel has
@@ -16,7 +15,7 @@
 // and add them up by shuffles at the end (the kTK lanes of a slot are lanes of one warp). Two blocks per SM
 // (kMinBlocksPerSm: <= 128 registers), which the launch rule (hc_prenorm.small_rows) counts on. A split may
 // be empty (more splits than 64-wide blocks): its partials are written as 0, as DeepGEMM's. With one split
-// (num_splits None: SGLang's hc_pre DeepGEMM branch, docs/hc_prenorm.md section 5) the launcher runs it on P
+// (num_splits None: SGLang's hc_pre DeepGEMM branch, docs/sglang_surface.md, hc_prenorm) the launcher runs it on P
 // splits of <= 256 into the workspace (DeepGEMM's partition into P splits is the partition of one split into P
 // sub-slices) and hc_prenorm_reduce_kernel (kernel.cuh) sums them, as for the MMA kernel's fast instance, or, with
 // an exchange buffer (p.xchg, kXchg), the kernel sums them itself (see xchg_consume): no second grid, or (p.atomic_sum,
@@ -33,14 +32,14 @@ namespace hcs {
 
 constexpr int kThreads = 256;
 // blocks per SM every instance is compiled for (__launch_bounds__: at most 65536 / (2 x 256) = 128 registers);
-// hc_prenorm.py's _SMALL_BLOCKS_PER_SM mirrors it. H100 run 17: two per SM beat one (and a second wave) at
+// hc_prenorm.py's _SMALL_BLOCKS_PER_SM mirrors it. H100: two per SM beat one (and a second wave) at
 // m = 16-64 (m = 32: 4.0 against 5.2 us), three spill.
 constexpr int kMinBlocksPerSm = 2;
 constexpr int kKBlock = DSV4_HC_PRENORM_KBLOCK;   // DeepGEMM's split granularity (params.h)
 
 // ---- the exchange (kXchg): num_splits None's P sub-slice partials summed inside the launch.
-// Why: the reduce grid's kernel boundary costs ~2.1 us at m <= 63 (docs/hc_prenorm.md run 17), and the hand-off
-// measured before (run 17 call 4: stores, a fence, a counter, the last block loads) ~2.5 us: three dependent L2
+// Why: the reduce grid's kernel boundary costs ~2.1 us at m <= 63 (docs/hc_prenorm.md), and the hand-off
+// measured before (H100: stores, a fence, a counter, the last block loads) ~2.5 us: three dependent L2
 // round trips after the last store. Here each partial carries the call's tag in the same 8-byte word (value bits
 // low, tag high; one single-copy-atomic store), so a reader needs no fence and no counter after the stores: it
 // loads the words and re-loads any whose tag is not yet this call's.
@@ -178,18 +177,18 @@ __device__ __forceinline__ void halve_steps(float* v, int kt, int& idx0) {
 
 // kRT x rows and kJ fn rows per lane, kTR row groups per block (R = kRT kTR rows), kU columns per lane in one
 // round of loads. Slots (a row group x an fn-row group, kTK lanes each) are numbered row-group major: the
-// slots of a warp share their x rows and read different fn rows (H100, run 16: 5-13 % faster than the
-// other order, whose warps share fn rows; run 17: also with the square-sums spread over the fn-row groups of
+// slots of a warp share their x rows and read different fn rows (H100: 5-13 % faster than the
+// other order, whose warps share fn rows; H100: also with the square-sums spread over the fn-row groups of
 // that order, 2-19 % slower); every lane computes the square-sums (4 FMA per x row and column next to kJ x 4),
 // the fn-row group 0 lanes store them.
 // kXchg: P > 1 sub-slices summed in the launch through p.xchg (see xchg_consume) instead of stored as partials.
 // kAtomic: P > 1 sub-slices added into the caller's out [m, 24] / sqrsum [m] (out_stride_s = sq_stride_s = 0 from
 // the launcher), which hc_prenorm_zero_kernel, the grid before this one, zeroes. The block's values go through
-// shared memory so that out leaves as float4 atomics (4x fewer than one per value; H100 run 21: scalar atomics
+// shared memory so that out leaves as float4 atomics (4x fewer than one per value; H100: scalar atomics
 // cost up to 1.5 us more at R = 16, where all blocks finish in one burst). The x / fn loads come before this grid's
 // PDL wait: the zero kernel calls launch_dependents only after its own wait, so by the time this grid starts, the
 // kernel before the zero kernel has completed and its writes are visible; the wait here, before the atomics, is
-// for the zeroed out (run 21: 0.15-0.4 us less than waiting at the start).
+// for the zeroed out (H100: 0.15-0.4 us less than waiting at the start).
 template <int kRT, int kJ, int kTR, int kU, bool kXchg = false, bool kAtomic = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_kernel(const HcPrenormParams p) {
   static_assert(!(kXchg && kAtomic), "one way of summing the sub-slices");
@@ -205,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
   // block s: split s of out / sqrsum (with num_splits None the launcher passes P sub-slices as P splits of the
   // workspace, and a reduce grid sums them). Its K: DeepGEMM's partition of the 64-wide K blocks (the first
   // nb % S splits get one more), float4 columns [c0, c1). In 32 bits (api.cu: K < 2^30, S <= 65535): fewer
-  // instructions before the loads (H100 run 17: up to 8 % faster than the 64-bit form, most at R = 16)
+  // instructions before the loads (H100: up to 8 % faster than the 64-bit form, most at R = 16)
   const int nb = (int)((p.K + kKBlock - 1) / kKBlock), S32 = (int)p.num_splits, s = blockIdx.x;
   const int b0 = s * (nb / S32) + min(s, nb % S32), bc = nb / S32 + (s < nb % S32 ? 1 : 0);
   const int c0 = b0 * (kKBlock / 4), c1 = min((b0 + bc) * kKBlock, (int)p.K) / 4;
@@ -367,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
 // ---- the whole-K kernel for m <= 2 rows and one split (num_splits None at decode): one 1024-thread block per fn
 // row j streams that row (64 KB at K = 16384) and the kM x rows over the whole K, so no partial leaves the block
 // and no second grid or hand-off is needed; the price is one SM per fn row (24 SMs) reading 64 + kM x 32 KB each
-// (docs/hc_prenorm.md run 19). kU float4 columns per thread and round: a round's loads are all issued first.
+// (docs/hc_prenorm.md). kU float4 columns per thread and round: a round's loads are all issued first.
 // Block sum: shuffles, then the 32 warp sums in warp order (deterministic). Block 0 also stores the square-sums.
 constexpr int kRowThreads = 1024;
 template <int kM, int kU>

@@ -66,7 +66,7 @@ __device__ __forceinline__ void slot_limits(const SparseDecodeParams& p, int64_t
 // Two halves, so that a kernel can load the index of a later tile and test it only when it needs the
 // slot: slot_load issues the load (its result register is not read), slot_resolve does the tests. A
 // test right after the load would stall the warp for the whole global round trip (H100 Nsight
-// Compute, run 25: ~10 % of the mma64 kernel's stall samples at b = 128 sat on that one compare).
+// Compute, H100: ~10 % of the mma64 kernel's stall samples at b = 128 sat on that one compare).
 // slot_load: the raw index of position pos (-1 when pos >= pos_end), as loaded
 __device__ __forceinline__ int slot_load(const SparseDecodeParams& p, int64_t bi, int64_t si, int64_t pos,
                                          int64_t pos_end) {
@@ -315,9 +315,9 @@ sparse_decode_kernel(const SparseDecodeParams p) {
 // the first kChunk partial vectors and the split lse values (lane k holds splits k and k + 32) are
 // loaded together; every warp reduces the lse values itself (shuffles: no smem, no barrier) and the
 // weights reach the lanes by shuffles. One round trip for num_splits <= kChunk (the old kernel took
-// four at 20 splits: 4.0 vs 1.8 us on the H100, run 20). kChunk 16 costs ~94 registers (sm_120a), which halves
+// four at 20 splits: 4.0 vs 1.8 us on the H100). kChunk 16 costs ~94 registers (sm_120a), which halves
 // the blocks per SM, so few splits (large b: many combine blocks) use kChunk 4; 17-24 splits take kChunk 24
-// (~127 registers): one round trip instead of 16 + the rest (H100 run 48: 3-3.5 % faster at 23 splits; one round
+// (~127 registers): one round trip instead of 16 + the rest (H100: 3-3.5 % faster at 23 splits; one round
 // of 32 for 25-34 splits, 154 registers, was 7 % slower than 16 + 16 + 2, so > 24 splits keep kChunk 16).
 // kZ = 2 on small grids (kCombineSmallGrid): each head row's ~40 KB of partials (20 splits) stream into two SMs
 // instead of one. b = 1, h_q 64, 20 splits: kChunk 24 alone 1.9 %, kZ = 2 alone 1.3 %, both 3.5-4 % (8.1-8.2 ->

@@ -18,7 +18,7 @@
 //              their partials to kq = 0 through smem (Sx at MT = 4; at MT = 2 / 1 the 3 / 7 partials go to
 //              the other K/V buffer, free from barrier C to barrier B). At MT = 4 the 4 mq warps each read
 //              the same K fragments (128 KB of ldmatrix per tile), yet halving that made the kernel slower
-//              (more instructions; it is latency-bound, docs/sparse_decode.md runs 29-32).  -- barrier A
+//              (more instructions; it is latency-bound, docs/sparse_decode.md).  -- barrier A
 //     phase 2  warps kq = 0: online softmax of tile i in registers (FlashAttention-2 style: a quad owns
 //              a head row, max by quad shuffles), P -> smem bf16, alpha -> smem; then every thread waits
 //              for its copies of tile i+1.                                             -- barrier B
@@ -26,7 +26,7 @@
 //              registers), P via ldmatrix.x4, V via ldmatrix.x4.trans from buffer i%2; in the same basic
 //              block (so the scheduler interleaves it with the mma.sync) warp w dequantises chunk w of
 //              tile i+1 from the staging rows into buffer (i+1)%2 (exact, lane = token).
-//   H100, run 25 (docs/sparse_decode.md): this order is 12-14 % faster at b >= 128 than the earlier one
+//   H100 (docs/sparse_decode.md): this order is 12-14 % faster at b >= 128 than the earlier one
 //   (dequantisation by warps 4..7 during the softmax, two barriers), mostly from the deferred index test.
 #pragma once
 #include "kernel_mma.cuh"
@@ -44,7 +44,7 @@ constexpr int kSxPitch = kM64Tok + 8;                           // fp32 per Sx r
 // 16-byte unit u of row (token) n sits at unit (u & ~7) | ((u ^ n) & 7). ldmatrix reads 8 consecutive rows at one
 // unit and is conflict-free in both; the dequantisation's 16-byte stores (lane = row) are 2-way conflicted in
 // the padded layout for every unit order that keeps its staging-row reads conflict-free, and conflict-free in
-// the swizzled one with the unit orders in dequant_piece. H100, docs/sparse_decode.md runs 36-37: swizzled is
+// the swizzled one with the unit orders in dequant_piece. H100, docs/sparse_decode.md: swizzled is
 // 3-5.5 % faster at b = 1-2 (b = 1, h_q 64, extra 512: 8.8 -> 8.3 us) and 1-3 % for 16 / 32-head blocks at
 // b = 128, within +-1 % at b = 4..32, and 1-2 % slower for unsplit 64-head blocks (b >= 128), so the launcher
 // takes it for every launch but the latter.
@@ -264,9 +264,9 @@ __device__ __forceinline__ void m64_softmax_tile(float (&sacc)[4][4], const int*
 // `unsplit` (the warp-specialised kernel without split) lane t4 = 0 also turns the row's final m, l (and its sink
 // value in Sf) into its lse and output factor -> Lse, Inv. Why: the S warps are done a tile before the P V
 // warps, whose unsplit epilogue then reads two floats per row instead of running a MUFU / division chain per row,
-// which (with the stores' half sectors, m64_store_rows) kept its rows going out one after the other (H100 run 52).
+// which (with the stores' half sectors, m64_store_rows) kept its rows going out one after the other (H100).
 // The split epilogue, whose fp32 partials take as long however the factors arrive, computes them from Mf, Lf as
-// before (from Lse, Inv it was ~1 us slower at b = 32, run 52).
+// before (from Lse, Inv it was ~1 us slower at b = 32, H100).
 __device__ __forceinline__ void m64_store_final(float m_lo, float m_hi, float l_lo, float l_hi, const float* Sf,
                                                 bool unsplit, bool with_sink, float* Mf, float* Lf, float* Lse,
                                                 float* Inv, int r, int t4) {
@@ -314,7 +314,7 @@ __device__ __forceinline__ void m64_rescale_o(float (&acc)[4][8][4], const float
 // accumulator layout lane t4 holds 4 bytes of each 16-byte run (dims 8 n + 2 t4, + 1), so a direct warp store
 // writes 8 half sectors. Each warp writes its rows into its own 8 KB of `scratch` (row r = 128 bytes, 16-byte piece n
 // at n ^ (r & 7): conflict-free both ways) and stores 4 whole rows per warp store; no block barrier. `scratch`:
-// 8 x 8 KB of shared memory nothing uses any more (staging area + K/V buffers after the last tile). H100 run 52, b =
+// 8 x 8 KB of shared memory nothing uses any more (staging area + K/V buffers after the last tile). H100, b =
 // 128: the unsplit epilogue took ~4.7 us, staged alone as long, with the factors from the S warps alone as long,
 // both together ~3.2 us (1.5-3 % of the call at extra 512). The 8-warp kernels keep the direct stores (staged, the
 // 64-head one spilled 40 B on sm_120a; the others were not faster). The fp32 partials' 8-byte stores fill whole
@@ -398,7 +398,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   // S / softmax roles: warp (mq, kq) = m16 tile mq, dims [kq * kDims, +kDims) with kDims = 64 MT, i.e. all 8
-  // warps compute S (with MT < 4 fewer heads per warp-row, so more warps along the dims: run 27, before it
+  // warps compute S (with MT < 4 fewer heads per warp-row, so more warps along the dims: H100, before it
   // only warps 0 .. 2 MT - 1 did, over 256 dims each). The softmax warps kq = 0 are 0 .. MT - 1.
   constexpr int kDims = 64 * MT;       // S split over the dims: 8 / MT warps per m16 tile, 512 / (8 / MT) dims each
   constexpr int kKSteps = kDims / 16;   // k16 steps of a warp's S (16 / 8 / 4 for MT = 4 / 2 / 1)
@@ -433,7 +433,7 @@ sparse_decode_mma64_kernel(const SparseDecodeParams p) {
 
   // ---- dequantise 64-value chunk c (0..6 fp8 NoPE, 7 RoPE copy; warp-uniform) of every token (lane =
   //      token) from the staging rows into K/V buffer buf; rotated 16 B order (conflict-free reads of the
-  //      staging rows; the bf16 stores into the 1040-byte rows stay 2-way conflicted, run 25). Invalid
+  //      staging rows; the bf16 stores into the 1040-byte rows stay 2-way conflicted, H100). Invalid
   //      slots were staged as zeros, so there is no branch on them. Chunk 0 also copies the valid flags.
   //      Done in 8 pieces (step 0..7) so that phase 3 can interleave them with its tensor-core steps.
   auto dequant_piece = [&](int c, int buf, int step) {

@@ -1,4 +1,4 @@
-// Sparse FP8 MLA decode, warp-specialised block of 64 heads ("mma64ws", impl 5) or, since run 53, 32 / 16 heads
+// Sparse FP8 MLA decode, warp-specialised block of 64 heads ("mma64ws", impl 5) or 32 / 16 heads
 // ("mma64wsh32" / "mma64wsh16", impl 6 / 7; template MT = heads / 16). Same contract, split-KV scheme, staging and
 // dequantisation as kernel_mma64.cuh; instructions shared by SM90 and SM120 only (mma.sync m16n8k16 bf16, ldmatrix,
 // cp.async, named barriers, setmaxnreg).
@@ -6,7 +6,7 @@
 // Why: the 8-warp mma64 block holds Q (64 registers) and O (128) in every warp, so it runs two warps per
 // scheduler, the S, softmax and PV phases of a tile one after the other, and the tensor pipe idles in
 // the softmax and the S partial exchange (27 % of the mma.sync ceiling at b = 128, docs/sparse_decode.md
-// runs 29-36). Here the two register-hungry states live in different warps, and the two phases of
+// H100). Here the two register-hungry states live in different warps, and the two phases of
 // consecutive tiles run at the same time:
 //   S warps  (kWsSWarps = 4, warps 8..11, one per scheduler): warp mq holds Q of heads 16 mq .. 16 mq + 15
 //            over all 512 dims (128 registers, no partials to exchange), computes S of tile i from K/V
@@ -19,16 +19,16 @@
 //   So while the PV warps work on tile i, the S warps work on tile i + 1: 3 warps per scheduler, all
 //   issuing mma.sync. 384 threads get 168 registers each; setmaxnreg (sm_90a and sm_120a) then moves
 //   registers from the PV warps (kWsPvRegs = 160) to the S warps (kWsSRegs = 184): with 168 the S loop had
-//   no register to load K fragments ahead and ran 1.24x slower at b = 128 (H100 run 50).
-// 32 / 16 heads (MT = 2 / 1; a TP rank's heads, run 53): the same roles, with the 4 S warps splitting S over the
+//   no register to load K fragments ahead and ran 1.24x slower at b = 128 (H100).
+// 32 / 16 heads (MT = 2 / 1; a TP rank's heads, H100): the same roles, with the 4 S warps splitting S over the
 // dims (warp w: m16 tile w % MT, dims 128 MT (w / MT) ..; 64 / 32 registers of Q) and the warps w / MT > 0 handing
 // their partials to the softmax warps w / MT = 0 through the P region's tail (barriers kWsBarSxFull / kWsBarSxFree,
 // among the S warps); the PV warps own MT m16 tiles of O, so a tile costs them the dequantisation and the gather
 // issue plus a quarter / half of the P V. Why: the 8-warp kernel with one or two m16 tiles issues a tile's copies
 // with every warp, then waits for them behind a short S and softmax, three block barriers per tile; here the PV
-// warps' gather of the next tiles overlaps the S warps' work (H100 run 53: 0.83-0.92x the 8-warp kernel's time on
+// warps' gather of the next tiles overlaps the S warps' work (H100: 0.83-0.92x the 8-warp kernel's time on
 // every 16 / 32-head launch with >= 9 tiles per block). No setmaxnreg: 168 registers are enough for both kinds.
-// 16 heads with a deep gather ("mma64wsh16deep", impl 8; kDeep, H100 run 55): run 54's ablations say the 16 / 32-head
+// 16 heads with a deep gather ("mma64wsh16deep", impl 8; kDeep, H100): the H100 ablations say the 16 / 32-head
 // blocks gain nothing from running S(i + 1) next to P V(i) (no S or P V mma loop: 0.97-1.01x) and wait on the rows;
 // so here K/V buffer 1's space is a second staging area for good: one bf16 K/V tile, each tile runs dequantisation ->
 // S -> softmax -> P V in turn while the rows of the next two tiles are in flight (one before). H100: 0.88-0.97x the
@@ -80,7 +80,7 @@ static_assert(kWsSWarps * 2048 <= kWsSmemP, "ws_load_q: 2 KB of the P buffers pe
 
 // setmaxnreg exists for the arch-specific ("a") targets only (sm_90a, sm_100a, sm_120a, ...; both builds of this
 // library are such targets). Built for another arch the kernel keeps 168 registers in every warp: the same
-// results, with the slower S loop of run 50's first call.
+// results, with a slower S loop.
 template <int kRegs, bool kInc>
 __device__ __forceinline__ void ws_setmaxnreg() {
 #if defined(__CUDA_ARCH_SPECIFIC__)
@@ -101,7 +101,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 // `sw` (the S warps' Q loads are done before any of them writes P or partials: kWsBarSxFree after the load): whole
 // 128-byte rows by 16-byte loads (8 lanes per row), written into sw (16-byte piece k of row r at k ^ (r & 7)) and read
 // back as A-fragments by ldmatrix, 64 dims at a time. Why: the SM moves global data at a rate per 32-byte sector
-// however full (an inference of H100 run 52), and the 4-byte fragment loads of m64_load_q fill half sectors: a
+// however full (an inference from H100 traces), and the 4-byte fragment loads of m64_load_q fill half sectors: a
 // 64-head block's Q reached the S warps ~6 us after the start at b = 128, this way ~5 us (~5 -> ~3.2 at b = 32).
 // Alone that did not shorten the call (the P V warps' two first tiles were the longer chain); with the prologue
 // that fetches both at once (below) the call is ~1.5 % faster at b 4-32 (median; up to 5 %), the same at b >= 128.
@@ -152,7 +152,7 @@ template <int MT, bool kDeep = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
 sparse_decode_ws_kernel(const SparseDecodeParams p) {
   static_assert(MT == 4 || MT == 2 || MT == 1, "m16 tiles per block: 4, 2 or 1");
-  static_assert(!kDeep || MT == 1, "the deep gather: 16-head blocks only (H100 run 55: 32-head ones gained nothing)");
+  static_assert(!kDeep || MT == 1, "the deep gather: 16-head blocks only (H100: 32-head ones gained nothing)");
   constexpr int kHeads = 16 * MT;               // heads per block
   constexpr int kSDims = kDim * MT / kWsSWarps; // dims of S per S warp: 512 / 256 / 128
   constexpr int kSKSteps = kSDims / 16;
@@ -160,9 +160,9 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   constexpr int kPReadyThreads = kWsPvThreads + 32 * MT;
   // K/V tiles XOR-swizzled for 16 / 32 heads per block (kernel_mma64.cuh's layout; the dequantisation's 16-byte stores
   // are 2-way bank conflicted in the padded one, 4.2-way on average over the 64-head kernel's shared stores by Nsight
-  // Compute). H100 run 57: 0.960-1.002x the padded layout's time on the 20 rows of the A/B that launch 16 / 32-head
+  // Compute). H100: 0.960-1.002x the padded layout's time on the 20 rows of the A/B that launch 16 / 32-head
   // blocks (19 of them faster), but 1.004-1.026x on the 10 that launch 64-head blocks (as the 8-warp kernel's unsplit
-  // 64-head blocks, run 36), which stay padded
+  // 64-head blocks, H100), which stay padded
   constexpr bool kSwz = MT < 4;
   constexpr int kPitchKV = kSwz ? kDim : kKPitch;   // bf16 elements per K/V row
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -206,11 +206,11 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
     const int sw = warp - kWsPvWarps, mq = MT == 4 ? sw : sw % MT, kq = MT == 4 ? 0 : sw / MT;
     uint32_t qf[kSKSteps][4];   // A-fragments: heads h0 + 16 mq + g (+8), dims kSDims kq + 16 ks + 2 t4 (+8)
     // through 2 KB of the P region per S warp; the P rows and partials of other S warps overlap it, hence the barrier
-    // (until run 53 the 64-head kernel relied on P of tile 0 coming two global round trips after the Q loads)
+    // (earlier the 64-head kernel relied on P of tile 0 coming two global round trips after the Q loads)
     ws_load_q<kSKSteps>(p, qf, bi, si, h0 + mq * 16, h_end, kSDims * kq, lane, (unsigned char*)Pb + sw * 2048);
     named_bar_sync(kWsBarSxFree, 32 * kWsSWarps);   // every S warp's Q is out of the P region
     // the sink values of the rows' final factors, loaded here while the first tile is staged (lane t4 = 0 reads them
-    // in m64_store_final; as registers of the PV warps, who used to apply them, they made ptxas spill, run 50)
+    // in m64_store_final; as registers of the PV warps, who used to apply them, they made ptxas spill, H100)
     if (kq == 0 && t4 == 0) {
       const int hl = h0 + mq * 16 + g, hh = hl + 8;
       const bool with_sink = p.num_splits == 1 && p.attn_sink != nullptr;
@@ -323,7 +323,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   constexpr int kIxMask = kDeep ? 3 : 1;   // Ix slots: 2 (deep: 4)
   // raw slot index of tile t's token gn -> Ix[t % 2][gn] (deep: Ix[t % 4]) by a 4-byte cp.async committed with the
   // rows of tile t - 1 (deep: t - 2), so that no register holds it in flight (one did, and ptxas spilled it: the spill
-  // store waited for the load, ~1000 cycles per tile, run 50). A position beyond the split reads nothing; it resolves
+  // store waited for the load, ~1000 cycles per tile, H100). A position beyond the split reads nothing; it resolves
   // to -1.
   auto index_async = [&](int64_t t) {
     if (gj != 0) return;
@@ -353,7 +353,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
   };
 
   // tiles 0 and 1 fetched at once (both slot indices, then both tiles' rows). Not deep: tile 0's raw rows in K/V
-  // buffer 1's space (nothing is in it before tile 1 is dequantised there), tile 1's in the staging area (before run 52
+  // buffer 1's space (nothing is in it before tile 1 is dequantised there), tile 1's in the staging area (before
   // tile 1's rows went out only after tile 0 was dequantised, one more global round trip before the first P V). Deep:
   // K/V buffer 1's space is the second staging area for good, tile k's rows in staging area k % 2; copy group G(k) =
   // the rows of tile k + the slot indices of tile k + 2 (Ix slot (k + 2) % 4), committed for every k (empty or not).
@@ -396,7 +396,7 @@ sparse_decode_ws_kernel(const SparseDecodeParams p) {
       // tile it: G(it) landed (G(it + 1) may still be in flight) and every P V warp is past P V(it - 1), the last
       // reader of the K/V buffer (the S warps read it before P ready(it - 1)): dequantise tile it into it, hand it to
       // the S warps, then fetch tile it + 2 into the staging area it came from. stage_next's steps with other buffers;
-      // as one routine for both (review of run 55) the deep kernel's register allocation changed and it ran 1.0 %
+      // as one routine for both (in a review) the deep kernel's register allocation changed and it ran 1.0 %
       // slower (median of 16 launch shapes, H100), so the two stay apart
       unsigned char* const rg = (it & 1) ? ring1 : ring;
       cp_async_wait<1>();

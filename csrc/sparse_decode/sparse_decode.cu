@@ -34,8 +34,8 @@ static cudaError_t ensure_smem_attr() {
   int major = 0;
   e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e != cudaSuccess) return e;
-  const char* pdl_env = getenv("DSV4_SPARSE_DECODE_PDL");   // "0": plain launches (no PDL)
-  if (major >= 9 && !(pdl_env != nullptr && strcmp(pdl_env, "0") == 0)) g_pdl_ok.fetch_or(bit, std::memory_order_release);
+  const char* pdl_env = getenv("DSV4_SPARSE_DECODE_PDL");   // off: plain launches (no PDL)
+  if (major >= 9 && !switch_off(pdl_env)) g_pdl_ok.fetch_or(bit, std::memory_order_release);
   g_smem_configured.fetch_or(bit, std::memory_order_release);
   return cudaSuccess;
 }
@@ -69,7 +69,7 @@ cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t strea
     const int64_t head_blocks = (p.h_q + hpb - 1) / hpb;
     if (rows * head_blocks > 2147483647LL) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(rows * head_blocks), 1u, (unsigned)p.num_splits);
-    // K/V layout: swizzled except for unsplit 64-head blocks (kernel_mma64.cuh, kM64KTile; H100 runs 36-37)
+    // K/V layout: swizzled except for unsplit 64-head blocks (kernel_mma64.cuh, kM64KTile; H100)
     e = launch_kernel(p.impl == 4   ? sparse_decode_mma64_kernel<1, true>
                       : p.impl == 3 ? sparse_decode_mma64_kernel<2, true>
                       : p.num_splits > 1 ? sparse_decode_mma64_kernel<4, true>

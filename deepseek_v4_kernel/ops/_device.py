@@ -5,8 +5,8 @@ import functools
 import torch
 
 
-# The newest Triton the version-dependent choices were measured under on a GPU (H100 run 63: 3.9, torch 2.15.0's pin;
-# run 62: 3.8, SGLang 0.5.23's). The doctor says when the installed one is newer: its choices are then extrapolated.
+# The newest Triton the version-dependent choices were measured under on a GPU (H100: 3.9, torch 2.15.0's pin;
+# H100: 3.8, SGLang 0.5.23's). The doctor says when the installed one is newer: its choices are then extrapolated.
 NEWEST_CHECKED_TRITON = (3, 9)
 
 

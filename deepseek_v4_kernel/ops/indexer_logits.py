@@ -29,6 +29,7 @@ import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.ops._device import on_input_device, sm_count
+from deepseek_v4_kernel.ops._stats import count
 
 _HEAD_DIM = 128
 _BLOCK_KV = 64
@@ -42,10 +43,6 @@ __all__ = [
     "fp8_paged_mqa_logits",
     "fp8_mqa_logits",
     "get_paged_mqa_logits_metadata",
-    "fp8_paged_mqa_logits_sglang_fallback",
-    "fp8_paged_mqa_logits_torch",
-    "fp8_paged_mqa_logits_torch_sm120",
-    "tilelang_fp8_paged_mqa_logits",
 ]
 
 
@@ -302,18 +299,18 @@ def paged_mqa_logits(
     if kv_cache.element_size() != 1 or kv_cache.dim() != 4 or tuple(kv_cache.shape[1:]) != (_BLOCK_KV, 1, _HEAD_DIM + 4):
         _bad(op, f"kv_cache must be 1-byte [num_blocks, 64, 1, 132], got {kv_cache.dtype} {list(kv_cache.shape)}")
     if not kv_cache.is_contiguous():
-        _bad(op, "kv_cache must be contiguous")
+        _bad(op, f"kv_cache must be contiguous, got strides {tuple(kv_cache.stride())}")
     dev = q.device
     _check_device(op, dev, kv_cache=kv_cache, weights=weights, context_lens=context_lens, block_table=block_table,
                   out=out)
     if weights.dim() == 3 and weights.shape[-1] == 1:
         weights = weights.squeeze(-1)
     if weights.dtype not in (torch.float32, torch.bfloat16) or tuple(weights.shape) != (B * N, H):
-        _bad(op, f"weights must be fp32 [{B * N}, {H}], got {weights.dtype} {list(weights.shape)}")
+        _bad(op, f"weights must be float32 or bf16 [{B * N}, {H}], got {weights.dtype} {list(weights.shape)}")
     if weights.stride(-1) != 1:
         weights = weights.contiguous()
     if context_lens.dtype not in (torch.int32, torch.int64):
-        _bad(op, f"context_lens must be int32, got {context_lens.dtype}")
+        _bad(op, f"context_lens must be int32 or int64, got {context_lens.dtype}")
     if context_lens.dim() == 1 and context_lens.shape[0] == B:
         lens_2d = False
         stride_lb, stride_ln = context_lens.stride(0), 0
@@ -321,13 +318,13 @@ def paged_mqa_logits(
         lens_2d = N > 1
         stride_lb, stride_ln = context_lens.stride(0), context_lens.stride(1)
     else:
-        _bad(op, f"context_lens must be int32 [{B}] or [{B}, {N}], got {list(context_lens.shape)}")
+        _bad(op, f"context_lens must be int32 [{B}] or [{B}, {N}], got {context_lens.dtype} {list(context_lens.shape)}")
     if context_lens.dtype != torch.int32:
         context_lens = context_lens.to(torch.int32)
         stride_lb = context_lens.stride(0)
         stride_ln = context_lens.stride(1) if context_lens.dim() == 2 else 0
     if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype not in (torch.int32, torch.int64):
-        _bad(op, f"block_table must be int32 [{B}, max_blocks], got {block_table.dtype} {list(block_table.shape)}")
+        _bad(op, f"block_table must be int32 or int64 [{B}, max_blocks], got {block_table.dtype} {list(block_table.shape)}")
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     max_context_len = int(max_context_len)
@@ -339,7 +336,8 @@ def paged_mqa_logits(
     if out is None:
         out = torch.empty((rows, max_context_len), dtype=torch.float32, device=dev)
     elif out.dtype != torch.float32 or tuple(out.shape) != (rows, max_context_len) or out.stride(1) != 1:
-        _bad(op, f"out must be fp32 [{rows}, {max_context_len}] with unit column stride")
+        _bad(op, f"out must be float32 [{rows}, {max_context_len}] with unit column stride, got {out.dtype} "
+                 f"{list(out.shape)} strides {tuple(out.stride())}")
     if rows == 0 or max_context_len == 0:
         return out
 
@@ -352,6 +350,7 @@ def paged_mqa_logits(
         chunk = _chunk(-(-max_context_len // block_t), B, block_t, dev)
     grid = (B, -(-max_context_len // chunk))
     paged, _ = _kernels()
+    count("indexer_logits", "triton_paged")
     paged[grid](
         q, kv8, kv32, weights, context_lens, block_table, out,
         q.stride(0), q.stride(1), q.stride(2),
@@ -378,7 +377,7 @@ def mqa_logits(
     _check_q_fp8(op, "q", q, 3)
     M, H, D = q.shape
     if not (isinstance(kv, (tuple, list)) and len(kv) == 2):
-        _bad(op, "kv must be a tuple (fp8 [n, 128], fp32 [n])")
+        _bad(op, f"kv must be a tuple (fp8 [n, 128], fp32 [n]), got {type(kv).__name__}")
     k, k_scale = kv
     if k.dtype != _FP8 or k.dim() != 2 or k.shape[1] != _HEAD_DIM or k.stride(1) != 1:
         _bad(op, f"kv[0] must be float8_e4m3fn [n, 128] (unit last stride), got {k.dtype} {list(k.shape)}")
@@ -418,6 +417,7 @@ def mqa_logits(
         chunk = _chunk(-(-n // block_t), n_rb, block_t, q.device)
     grid = (n_rb, -(-n // chunk))
     _, flat = _kernels()
+    count("indexer_logits", "triton_flat")
     flat[grid](
         q, k, k_scale, weights, ks, ke, out,
         M, n, width, chunk,
@@ -435,12 +435,13 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedu
                          max_context_len, clean_logits=False, indices=None):
     """``deep_gemm.fp8_paged_mqa_logits``; ``schedule_meta`` is ignored."""
     if indices is not None:
-        _bad("fp8_paged_mqa_logits", "indices (varlen mode) is not supported")
+        _bad("fp8_paged_mqa_logits", f"indices must be None (varlen mode is not supported), got {type(indices).__name__}")
     if isinstance(q, (tuple, list)):
         if len(q) == 2 and q[1] is None:
             q = q[0]
         else:
-            _bad("fp8_paged_mqa_logits", "q must be an fp8 tensor (fp4 q with scales is not supported)")
+            _bad("fp8_paged_mqa_logits", f"q must be a float8_e4m3fn tensor (fp4 q with scales is not supported), got "
+                                         f"a {type(q).__name__} of {len(q)}")
     return paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len,
                             clean_logits=bool(clean_logits))
 
@@ -456,22 +457,3 @@ def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None)
     """``deep_gemm.get_paged_mqa_logits_metadata``: our kernel needs no schedule; returns an
     int32 [num_sms + 1, 2] zero tensor (DeepGEMM's shape, so SGLang's ``copy_`` of it works)."""
     return torch.zeros((int(num_sms) + 1, 2), dtype=torch.int32, device=context_lens.device)
-
-
-# ----------------------------------------------------------------------------------------------
-# SGLang fallback signature (fp8_paged_mqa_logits_torch / _torch_sm120 / tilelang_fp8_paged_mqa_logits)
-# ----------------------------------------------------------------------------------------------
-def fp8_paged_mqa_logits_sglang_fallback(q_fp8, kvcache_fp8, weight, seq_lens, page_table,
-                                         deep_gemm_metadata, max_seq_len, clean_logits=True):
-    """Drop-in for SGLang's fallbacks. Accepts seq_lens [b] or [b, 1]. Always writes -inf past
-    each row's length (what ``fp8_paged_mqa_logits_torch_sm120`` returns; every caller masks by
-    length anyway), whatever ``clean_logits`` says (callers pass False)."""
-    if seq_lens.dim() == 2 and seq_lens.shape[1] == 1 and q_fp8.dim() == 4 and q_fp8.shape[1] == 1:
-        seq_lens = seq_lens[:, 0]
-    return paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, max_seq_len,
-                            clean_logits=True)
-
-
-fp8_paged_mqa_logits_torch = fp8_paged_mqa_logits_sglang_fallback
-fp8_paged_mqa_logits_torch_sm120 = fp8_paged_mqa_logits_sglang_fallback
-tilelang_fp8_paged_mqa_logits = fp8_paged_mqa_logits_sglang_fallback

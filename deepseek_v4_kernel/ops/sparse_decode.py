@@ -21,15 +21,17 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..errors import ExtensionUnavailable, UnsupportedCase
+from ..switches import env_bool, env_choice
+from ._stats import count
 from ._device import extension_error as _extension_error
 from ._device import sm_count as _sm_count  # noqa: F401  (benches/tests use sd._sm_count)
 from ._workspace import scratch as _scratch
 
 _WORKSPACES: dict = {}   # split-KV partials: fp32 [splits, b*s_q, h_q, 512] then [splits, b*s_q, h_q]
 # Largest split-KV workspace kept per (device, stream), in floats (64 MiB). The decode shapes stay under it
-# (main 128 + extra 512 positions, 132-188 SMs: at most 29 MiB with the run-47 launch rule, e.g. b = 228,
-# h_q 32 in two splits on 170 SMs; 40 MiB with the run-26 one; tests/test_sparse_decode.py). The launch rule
-# also splits some calls of hundreds of rows to fill the last wave (H100 run 45: 1.22-1.28x at b 133-160 with
+# (main 128 + extra 512 positions, 132-188 SMs: at most 29 MiB with the current launch rule, e.g. b = 228,
+# h_q 32 in two splits on 170 SMs; 40 MiB with the earlier one; tests/test_sparse_decode.py). The launch rule
+# also splits some calls of hundreds of rows to fill the last wave (H100: 1.22-1.28x at b 133-160 with
 # 2048 extra positions; up to ~650 MiB of partials with 10K positions); those get a per-call allocation, as
 # every call did before.
 WORKSPACE_CAP = 16 << 20
@@ -48,9 +50,9 @@ MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at th
 # Which kernel (read once at import from DSV4_SPARSE_DECODE_IMPL):
 #   "auto"  (default) mma64 for every h_q; its 16 / 32-head launches and its 64-head launches with >= 4 tiles
 #           per block run the warp-specialised kernel of their heads per block, "mma64ws" / "mma64wsh32" /
-#           "mma64wsh16" (H100: run 50, 64 heads, 0.84-0.90x the 8-warp kernel's time; run 53, 32 / 16 heads,
-#           0.83-0.97x), unless DSV4_SPARSE_DECODE_WS=0. On the H100 (docs/sparse_decode.md, runs 5, 9 and 25) mma64
-#           is ~3x faster than mma at b >= 32, 1.2-2x at b = 1, and faster at h_q 16/32 too (run 25 call 7,
+#           "mma64wsh16" (H100: 64 heads, 0.84-0.90x the 8-warp kernel's time; 32 / 16 heads,
+#           0.83-0.97x), unless DSV4_SPARSE_DECODE_WS=0. On the H100 (docs/sparse_decode.md) mma64
+#           is ~3x faster than mma at b >= 32, 1.2-2x at b = 1, and faster at h_q 16/32 too (H100,
 #           b=128 h_q=16: 58.8 vs 113.5 us; 47 us since 16-head blocks compute one m16 tile). SM120
 #           unmeasured: DSV4_SPARSE_DECODE_IMPL=mma is the way back.
 #   "mma64" mma.sync, 64 heads/block, Q/O in registers, cp.async staging + double-buffered K/V tile;
@@ -65,28 +67,24 @@ MAX_SPLITS = 64        # DSV4_SPARSE_DECODE_MAX_SPLITS (params.h), checked at th
 #           "auto" takes it for 16-head launches from DEEP_MIN_TILES tiles per block) for every shape
 #   "mma"   mma.sync, 32 heads/block
 #   "simt"  the first fp32-FMA kernel
-import os as _os
-IMPL = _os.environ.get("DSV4_SPARSE_DECODE_IMPL", "auto").lower()
+# (the switches are read once, at import: a value the parser refuses makes the import fail with a message naming the
+# variable, and the patch layer then leaves SGLang's own code in place and reports why)
+IMPL = env_choice("DSV4_SPARSE_DECODE_IMPL", tuple(HEAD_TILE) + ("auto",), "auto")
 # "auto" runs its launches of >= WS_MIN_TILES[heads per block] tiles per block on the warp-specialised kernel (read
-# once at import; "0": the 8-warp one)
-WS = _os.environ.get("DSV4_SPARSE_DECODE_WS", "1") != "0"
+# once at import; off: the 8-warp one)
+WS = env_bool("DSV4_SPARSE_DECODE_WS", True)
 # 32-token tiles per block from which "auto" takes the warp-specialised kernel (launch_kernel), per heads per block:
-# 64 heads from 4 (run 50: 1.04x slower with 3), 32 / 16 heads always (run 53 call 11: faster than the 8-warp kernel at
+# 64 heads from 4 (H100: 1.04x slower with 3), 32 / 16 heads always (H100: faster than the 8-warp kernel at
 # every launch shape of the sweep of a TP rank's heads, 1 tile per block included)
 WS_MIN_TILES = {64: 4, 32: 1, 16: 1}
 M64_KERNEL = {64: "mma64", 32: "mma64h32", 16: "mma64h16"}     # the 8-warp kernel per heads per block
 WS_KERNEL = {64: "mma64ws", 32: "mma64wsh32", 16: "mma64wsh16"}  # the warp-specialised one
 # 16-head launches of >= DEEP_MIN_TILES tiles per block run "mma64wsh16deep" under "auto" (read once at import;
-# DSV4_SPARSE_DECODE_DEEP=0: "mma64wsh16"). H100 run 55 (docs/sparse_decode.md): 0.97x with 4 tiles per block,
+# DSV4_SPARSE_DECODE_DEEP=0: "mma64wsh16"). H100 (docs/sparse_decode.md): 0.97x with 4 tiles per block,
 # 0.92-0.97x with 5-9, 0.88-0.92x with 10-68; with 3 tiles 0.985-1.03x (why was not measured), with 1-2 0.97-0.99x
 # (too little to set apart from the 3-tile loss), so those stay on the two-buffer block
-DEEP = _os.environ.get("DSV4_SPARSE_DECODE_DEEP", "1") != "0"
+DEEP = env_bool("DSV4_SPARSE_DECODE_DEEP", True)
 DEEP_MIN_TILES = 4
-if IMPL not in HEAD_TILE and IMPL != "auto":
-    import warnings as _warnings
-    _warnings.warn(f"{OP}: DSV4_SPARSE_DECODE_IMPL={IMPL!r} is not one of "
-                   f"{sorted(HEAD_TILE) + ['auto']}; using 'auto'", RuntimeWarning)
-    IMPL = "auto"
 
 def resolve_impl(h_q: int, impl: Optional[str] = None) -> str:
     """The kernel that runs for h_q heads ("auto" -> mma64; h_q is kept so the rule can depend on it)."""
@@ -101,9 +99,9 @@ def resolve_impl(h_q: int, impl: Optional[str] = None) -> str:
 def launch_kernel(hpb: int, requested: str, split_tokens: int) -> str:
     """The kernel of an mma64 launch of hpb heads per block: the warp-specialised one for "auto" when each block has
     at least WS_MIN_TILES[hpb] tiles (unless DSV4_SPARSE_DECODE_WS=0), else the 8-warp one, which "mma64" by name
-    always takes. H100: run 50, 64 heads: 0.84-0.90x the 8-warp kernel's time at the same launch shape on all 48 such
+    always takes. H100, 64 heads: 0.84-0.90x the 8-warp kernel's time at the same launch shape on all 48 such
     shapes of b 2-256 (4-5 tiles per block and more), 1.04x with 3 tiles (an earlier variant): the block fills its
-    two-tile pipeline before its S and PV warps overlap; run 53, 32 / 16 heads: 0.83-0.92x from 9 tiles per block,
+    two-tile pipeline before its S and PV warps overlap; 32 / 16 heads: 0.83-0.92x from 9 tiles per block,
     and faster at every shape of the TP-rank sweep down to 1 tile per block (docs/sparse_decode.md). 16 heads from
     DEEP_MIN_TILES tiles per block: the deep-gather variant "mma64wsh16deep" (unless DSV4_SPARSE_DECODE_DEEP=0)."""
     ws = requested == "auto" and WS and split_tokens >= WS_MIN_TILES[hpb] * TOK_TILE
@@ -139,20 +137,20 @@ def choose_splits(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int
 
 
 # Cost model of one mma64 call (split grid + combine), in H100 microseconds: a non-negative least-squares fit
-# (relative error; scripts/fit_launch_model.py reproduces these weights) to run 47's sweep of every heads-per-block
+# (relative error; tools/fit_launch_model.py reproduces these weights) to the H100 sweep of every heads-per-block
 # x split count at b 1..16, h_q 16..128, s_q 1..2, extra 512 / 2048 (80 shapes, 1780 points; docs/sparse_decode.md
-# "Launch shape", scripts/sweep_sparse_decode.py), with KV rows from HBM and q / indices hot, as in a decode step:
+# "Launch shape", tools/sweep_sparse_decode.py), with KV rows from HBM and q / indices hot, as in a decode step:
 #   base + waves * (tiles per split * tile[hpb] + wave)
 #        + [splits > 1] * (partial MB * part_mb + waves * hpb / 16 * store16)
 # (tile[hpb]: the weights tile16 / tile32 / tile64; the terms: mma64_cost_terms.)
 # waves = ceil(blocks / num_sms) (one 101 KB, 255-register block per SM); partial MB = the fp32 partial
 # outputs written by the split grid and read back by the combine; store16 = the split blocks' own partial
-# stores at the end of each wave (hpb x 2 KB per block, ~30 B/clk per SM: run 20's traces). Its argmin is
+# stores at the end of each wave (hpb x 2 KB per block, ~30 B/clk per SM: the H100 traces). Its argmin is
 # the fastest measured point on all 80 shapes, on 32 shapes measured on another H100 before the fit, and
-# on run 26's 80 shapes (L2-warm inputs, the run-26 library); the run-26 model, without the store term,
+# on 80 H100 shapes (L2-warm inputs, an earlier library); the earlier model, without the store term,
 # picked 32-head blocks x 10 splits on six shapes with 256 head rows (b s_q h_q) and 512 extra positions,
-# where 16 x 7 is 8-11 % faster. Run 59 swept the same 80 shapes with each point on the kernel "auto" launches
-# for it (the warp-specialised blocks since run 50): its picks within 2.3 % of the fastest point on all of them.
+# where 16 x 7 is 8-11 % faster. A later H100 sweep of the same 80 shapes ran with each point on the kernel "auto" launches
+# for it (the warp-specialised blocks): its picks within 2.3 % of the fastest point on all of them.
 # tests/test_sparse_decode.py checks the picks against all four sets. Only the argmin is used; the SM count comes
 # from the device, the weights are the H100's (SM120: slower DRAM, so the partial terms would weigh somewhat more;
 # a sweep there with --auto-kernels and the fit script say whether its own weights pick faster).
@@ -201,7 +199,7 @@ def mma64_launch(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
 def launch_plan(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
                 impl: Optional[str] = None) -> Tuple[str, int, int, int]:
     """(kernel, heads per block, num_splits, split_tokens) of a call: the launch sparse_decode makes (and
-    scripts/trace_sparse_decode.py reports). Shapes only: CUDA-graph safe."""
+    tools/trace_sparse_decode.py reports). Shapes only: CUDA-graph safe."""
     requested = (impl or IMPL).lower()
     impl = resolve_impl(h_q, impl)
     if impl == "mma64":   # heads per block and split count chosen together
@@ -213,18 +211,18 @@ def launch_plan(b: int, s_q: int, h_q: int, total_positions: int, num_sms: int,
 
 # Batches of more head rows than one wave of blocks (b s_q ceil(h_q / 64) > SMs: b > 132 at h_q 64 on an H100, b > 66 at
 # h_q 128; b > 188 / 94 on an RTX PRO 6000): one launch runs its last, partly filled wave of blocks as long as a full
-# one (one block per SM), and splitting every row to fill it costs every row fp32 partials (H100 run 45: b = 140, h_q
+# one (one block per SM), and splitting every row to fill it costs every row fp32 partials (H100: b = 140, h_q
 # 64, extra 512 took 121 us, 2.3x b = 128's 53). Cut instead: the first rows in whole waves of unsplit blocks, the
-# rest as a call of its own, which the launch rule splits like any small batch. Launch order and kind, from H100 run 61
+# rest as a call of its own, which the launch rule splits like any small batch. Launch order and kind, from H100
 # (docs/sparse_decode.md; the op between other kernels, b = 133 / 140, h_q 64, extra 512: 54.7 us for 132 rows alone,
 # 8.0 / 13.3 for the 1 / 8 rows left): the rest first (its split grid and combine), then the whole waves as a plain
 # launch (params.h plain_launch), 72.1 / 80.4 us; whole waves first, 79.0 / 86.8; whole waves first through PDL, 89.7
 # at b = 140, and with PDL off everywhere 75.8 (why PDL costs here was not traced). Each grid still waits for the
 # previous one's completion (griddepcontrol.wait, or the plain launch), as every call's do. batch_parts takes the cut
-# where mma64_cost, summed over the parts, says it is faster by WAVE_CUT_GAIN (run 61 call 6, the op between other
+# where mma64_cost, summed over the parts, says it is faster by WAVE_CUT_GAIN (H100, the op between other
 # kernels: every cut modelled at <= 0.95 measured 0.71-0.94x one launch, back to back 0.73-0.99x; those modelled above
 # 0.95 measured 0.93-1.04x); read once at import, DSV4_SPARSE_DECODE_WAVES=0: never (one launch, as before).
-WAVES = _os.environ.get("DSV4_SPARSE_DECODE_WAVES", "1") != "0"
+WAVES = env_bool("DSV4_SPARSE_DECODE_WAVES", True)
 WAVE_CUT_GAIN = 0.95
 
 
@@ -361,6 +359,8 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
     total, sms = topk + extra_topk, _sm_count(dev)
     bounds = (0,) + batch_parts(b, s_q, h_q, total, sms, impl, waves) + (b,)
     plans = [launch_plan(b1 - b0, s_q, h_q, total, sms, impl) for b0, b1 in zip(bounds, bounds[1:])]
+    env_bool("DSV4_SPARSE_DECODE_PDL", True)   # (read by the compiled launcher: refuse a value it would misread)
+    count(OP, plans[0][0])
     # split partials: fp32 [splits, rows, h_q, 512] then [splits, rows, h_q] of the largest split part
     n_o = max([splits * (b1 - b0) for (_, _, splits, _), b0, b1 in zip(plans, bounds, bounds[1:]) if splits > 1],
               default=0) * s_q * h_q * D
@@ -442,46 +442,3 @@ def flash_mla_with_kvcache(q, k_cache, block_table=None, cache_seqlens=None, hea
     return sparse_decode(q, k_cache, indices, topk_length=topk_length, extra_k_cache=extra_k_cache,
                          extra_indices=extra_indices_in_kvcache, extra_topk_length=extra_topk_length,
                          attn_sink=attn_sink, softmax_scale=softmax_scale, head_dim_v=head_dim_v)
-
-
-def flash_mla_with_kvcache_sm120(**kwargs):
-    """Drop-in for SGLang's ``flash_mla_with_kvcache_sm120(**kwargs)`` (0.5.13+; keywords q, k_cache,
-    head_dim_v, softmax_scale, indices, topk_length, attn_sink, extra_k_cache,
-    extra_indices_in_kvcache, extra_topk_length; other FlashMLA keywords tolerated)."""
-    kw = dict(kwargs)
-    kw.setdefault("is_fp8_kvcache", True)
-    return flash_mla_with_kvcache(**kw)
-
-
-# ----------------------------------------------------------------------------- unpadded query heads
-# SGLang 0.5.20+ pads decode q (<= SM120_DECODE_MAX_TOKENS = 64 tokens) under attention TP to 64 heads on SM120
-# unless FlashInfer's native kernel takes the rank's head count (MqaAttentionBase._kernel_num_heads): FlashMLA's
-# kernels specialise h_q for 64 / 128. Ours takes any h_q, and a padded call costs it a 64-head launch for 8 / 16
-# / 32 real heads (docs/sparse_decode.md, "Unpadded query heads"). The patch layer replaces that method while
-# SGLang's SM120 sparse decode is ours (targets.py, condition sm120_sparse_decode_is_ours).
-@functools.lru_cache(maxsize=None)
-def _unpadded_heads_blocker(device_index: int) -> str:
-    """"" when the sparse decode SGLang calls on this GPU is ours and runs there; else why q stays padded."""
-    major, minor = torch.cuda.get_device_capability(device_index)
-    if major != 12:
-        # (the DSV4_KERNEL_FORCE testing mode) SGLang calls FlashMLA there, whose kernels need 64 / 128 heads
-        return f"GPU {device_index} is sm_{major}{minor}, not SM12x: SGLang does not call the SM120 sparse decode"
-    try:
-        why = _extension_error(torch.device("cuda", device_index))
-    except ExtensionUnavailable as e:
-        why = str(e)
-    return why or ""
-
-
-def kernel_num_heads(self, num_tokens):
-    """Replaces SGLang's ``MqaAttentionBase._kernel_num_heads(num_tokens)`` (0.5.20+) where SGLang's SM120
-    sparse decode is ours: the query heads of this rank (``self.n_local_heads``), never padded to 64. Raises
-    UnsupportedCase (the patch layer then runs SGLang's own method, which pads) where our kernel would not run
-    the call: no CUDA device, a GPU other than SM12x, or one the extension has no kernel for; then SGLang's own
-    sparse decode gets the padded q it was written for. Cached per device: no query after the first call."""
-    if not torch.cuda.is_available():
-        raise UnsupportedCase(f"{OP}: q stays padded to 64 heads: no CUDA device")
-    why = _unpadded_heads_blocker(torch.cuda.current_device())
-    if why:
-        raise UnsupportedCase(f"{OP}: q stays padded to 64 heads: {why}")
-    return self.n_local_heads

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import policy
+from . import measured, policy
 
 # SGLang releases surveyed (docs/sglang_surface.md). 0.5.12 is the first with DeepSeek-V4.
 SURVEYED = ("0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
@@ -80,6 +80,8 @@ def sm120_sparse_decode_not_native(module) -> Tuple[bool, str]:
     backend = getattr(module, "_sm120_default_backend", None)
     if policy.prefer_ours():
         return True, f"{policy.PREFER}=ours (SGLang backend was {backend!r})"
+    if measured.prefer_measured():   # the measured file decides (measured_gate, below), FlashInfer's kernel included
+        return True, f"{policy.PREFER}=measured (SGLang backend was {backend!r})"
     if backend in ("triton", "torch"):
         return True, f"SGLang would run its slow {backend} fallback"
     if backend == "flashinfer":
@@ -109,7 +111,7 @@ def sm120_sparse_decode_is_ours(module) -> Tuple[bool, str]:
 
 def hc_prenorm_gate_cannot_reach_a_missing_deep_gemm(version) -> Tuple[bool, str]:
     """SGLang 0.5.13-0.5.16 or >= 0.5.21, or an importable deep_gemm (0.5.17-0.5.20 import it behind the flag alone)."""
-    # Where the flag leads on SM120 (docs/hc_prenorm.md section 5): hc_pre's DeepGEMM branch and mhc_pre call the
+    # Where the flag leads on SM120 (docs/sglang_surface.md, hc_prenorm): hc_pre's DeepGEMM branch and mhc_pre call the
     # entrypoint (ours, no deep_gemm needed); the fused post/pre step does `import deep_gemm` behind the flag
     # alone in 0.5.17-0.5.20 (0.5.17 mhc.py:1448, 0.5.20 mhc.py:1646), where SM120 can take that step (0.5.17 with
     # SGLANG_OPT_FUSE_MHC_POST_PRE=1, 0.5.18+ by default); 0.5.13-0.5.16 take it only with the TileLang pre
@@ -145,7 +147,7 @@ TARGETS: Tuple[Target, ...] = (
     # which has no SM120 kernel ("Unsupported architecture for sparse decode fwd").
     Target(
         op="sparse_decode", module="flash_mla.flash_mla_interface", attr="flash_mla_with_kvcache",
-        replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache",
+        replacement="deepseek_v4_kernel.patch.adapters:flash_mla_with_kvcache",
         first="0.5.12", last="0.5.12.post1",
         params=_SPARSE_DECODE_KWARGS + ("block_table", "cache_seqlens", "tile_scheduler_metadata", "is_fp8_kvcache"),
         importers=("flash_mla",), callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
@@ -154,7 +156,7 @@ TARGETS: Tuple[Target, ...] = (
     # 0.5.13-0.5.15.post1: SGLang's SM120 dispatcher in sglang.srt.layers.attention (Triton by default).
     Target(
         op="sparse_decode", module="sglang.srt.layers.attention.flash_mla_sm120", attr="flash_mla_with_kvcache_sm120",
-        replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache_sm120",
+        replacement="deepseek_v4_kernel.patch.adapters:flash_mla_with_kvcache_sm120",
         first="0.5.13", last="0.5.15.post1", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
         callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
         note="deepseek_v4_backend.py imports it inside the forward, at call time",
@@ -162,7 +164,7 @@ TARGETS: Tuple[Target, ...] = (
     # 0.5.16+: the same dispatcher moved to sglang.kernels.ops.attention (FlashInfer by default).
     Target(
         op="sparse_decode", module=SM120_DISPATCHER, attr="flash_mla_with_kvcache_sm120",
-        replacement="deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache_sm120",
+        replacement="deepseek_v4_kernel.patch.adapters:flash_mla_with_kvcache_sm120",
         first="0.5.16", params=_SPARSE_DECODE_KWARGS, when="sm120_sparse_decode_not_native",
         callers=("sglang.srt.layers.attention.deepseek_v4_backend",),
         note="deepseek_v4_backend.py imports it inside the forward, at call time",
@@ -173,7 +175,7 @@ TARGETS: Tuple[Target, ...] = (
     # 0.5.12-0.5.19 pad inline in the forward (no method to replace).
     Target(
         op="sparse_decode", module="sglang.srt.models.deepseek_v4", attr="MqaAttentionBase._kernel_num_heads",
-        replacement="deepseek_v4_kernel.ops.sparse_decode:kernel_num_heads",
+        replacement="deepseek_v4_kernel.patch.adapters:kernel_num_heads",
         first="0.5.20", params=("self", "num_tokens"), when="sm120_sparse_decode_is_ours",
         callers=("sglang.srt.models.deepseek_v4",),
         note="the attention forward calls self._kernel_num_heads(x.shape[0]) per call",
@@ -189,13 +191,13 @@ TARGETS: Tuple[Target, ...] = (
     ),
     Target(
         op="indexer_logits", module="sglang.srt.layers.attention.dsv4.indexer", attr="fp8_paged_mqa_logits_torch",
-        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        replacement="deepseek_v4_kernel.patch.adapters:fp8_paged_mqa_logits_sglang_fallback",
         first="0.5.12", last="0.5.12.post1", params=_INDEXER_PARAMS,
         note="chosen by the env gate; looked up as a module global at call time",
     ),
     Target(
         op="indexer_logits", module="sglang.srt.layers.attention.dsv4.indexer", attr="fp8_paged_mqa_logits_torch_sm120",
-        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        replacement="deepseek_v4_kernel.patch.adapters:fp8_paged_mqa_logits_sglang_fallback",
         first="0.5.13", params=_INDEXER_PARAMS,
         note="SGLang's torch SM120 path (env gate before 0.5.16; SGLang's own SM120 flags after)",
     ),
@@ -205,19 +207,19 @@ TARGETS: Tuple[Target, ...] = (
     Target(
         op="indexer_logits", module="sglang.srt.layers.attention.dsv4.tilelang_kernel",
         attr="tilelang_fp8_paged_mqa_logits",
-        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        replacement="deepseek_v4_kernel.patch.adapters:fp8_paged_mqa_logits_sglang_fallback",
         first="0.5.12", last="0.5.12.post1", params=_INDEXER_PARAMS,
     ),
     Target(
         op="indexer_logits", module="sglang.srt.layers.attention.dsa.tilelang_kernel",
         attr="tilelang_fp8_paged_mqa_logits",
-        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        replacement="deepseek_v4_kernel.patch.adapters:fp8_paged_mqa_logits_sglang_fallback",
         first="0.5.13", last="0.5.15.post1", params=_INDEXER_PARAMS,
     ),
     Target(
         op="indexer_logits", module="sglang.kernels.ops.attention.dsa.tilelang_kernel",
         attr="tilelang_fp8_paged_mqa_logits",
-        replacement="deepseek_v4_kernel.ops.indexer_logits:fp8_paged_mqa_logits_sglang_fallback",
+        replacement="deepseek_v4_kernel.patch.adapters:fp8_paged_mqa_logits_sglang_fallback",
         first="0.5.16", params=_INDEXER_PARAMS,
     ),
     # --- fp4_moe (docs/fp4_moe.md, docs/sglang_surface.md) --------------------------------------
@@ -228,7 +230,7 @@ TARGETS: Tuple[Target, ...] = (
     # and reaches this path only with --moe-runner-backend triton. Ours hands back every other case.
     Target(
         op="fp4_moe", module="sglang.srt.layers.quantization.fp8", attr="Fp8MoEMethod.apply",
-        replacement="deepseek_v4_kernel.ops.fp4_moe:fp8_moe_method_apply",
+        replacement="deepseek_v4_kernel.patch.adapters:fp8_moe_method_apply",
         first="0.5.12", params=("self", "layer", "dispatch_output"),
         callers=("sglang.srt.layers.moe.fused_moe_triton.layer",),
         note="FusedMoE calls self.quant_method.apply(layer=self, dispatch_output=...) per forward",
@@ -238,7 +240,7 @@ TARGETS: Tuple[Target, ...] = (
     # calls it directly from srt/layers/mhc.py and models/deepseek_v4.py).
     Target(
         op="hc_prenorm", module="deep_gemm", attr="tf32_hc_prenorm_gemm",
-        replacement="deepseek_v4_kernel.ops.hc_prenorm:tf32_hc_prenorm_gemm",
+        replacement="deepseek_v4_kernel.patch.adapters:tf32_hc_prenorm_gemm",
         first="0.5.12", params=("num_splits",),
         note="callers pass (x, fn, out, sqrsum, num_splits=...)",
     ),
@@ -246,7 +248,7 @@ TARGETS: Tuple[Target, ...] = (
     # it and the original would raise NameError whenever a caller chooses this path.
     Target(
         op="hc_prenorm", module="sglang.srt.layers.deep_gemm_wrapper.entrypoint", attr="tf32_hc_prenorm_gemm",
-        replacement="deepseek_v4_kernel.ops.hc_prenorm:sglang_tf32_hc_prenorm_gemm",
+        replacement="deepseek_v4_kernel.patch.adapters:sglang_tf32_hc_prenorm_gemm",
         first="0.5.13", params=("x", "fn", "out", "sqrsum", "num_splits"),
         note="imported inside the callers' functions, at call time",
     ),
@@ -264,11 +266,48 @@ TARGETS: Tuple[Target, ...] = (
     ),
     Target(
         op="hc_prenorm", module="sglang.kernels.ops.layernorm.mhc", attr="_use_deep_gemm_hc_prenorm",
-        replacement="deepseek_v4_kernel.ops.hc_prenorm:use_deep_gemm_hc_prenorm",
+        replacement="deepseek_v4_kernel.patch.adapters:use_deep_gemm_hc_prenorm",
         first="0.5.21", last="0.5.23", params=(),
         note="module global, called at call time by mhc_pre and the fused post/pre step",
     ),
 )
+
+
+def measured_gate(op: str, condition: Optional[Callable[[Any], Tuple[bool, str]]]):
+    """A row's condition under DSV4_KERNEL_PREFER=measured: the measured file must say ours won a size class of
+    ``op`` on this GPU (patch/measured.py: a missing or stale file patches nothing), then the row's own condition
+    (if any) decides as before. Without that setting, exactly the row's own condition (or none)."""
+    def gated(arg) -> Tuple[bool, str]:
+        if measured.prefer_measured():
+            ours, why = measured.op_decision(op)
+            if not ours:
+                return False, why
+        return condition(arg) if condition is not None else (True, "always on SM12x")
+    # the README's table shows the first line of a condition's docstring: unchanged by the gate
+    gated.__doc__ = condition.__doc__ if condition is not None else "always on SM12x"
+    gated.__dsv4_measured_gate__ = op
+    return gated
+
+
+def _gate_rows(rows: Tuple[Target, ...]) -> Tuple[Target, ...]:
+    """Every row gets measured_gate: a row with a condition keeps its name (the gate wraps it, one op per
+    condition); a row without one gets 'measured_gate:<op>', which reads as 'always on SM12x'."""
+    import dataclasses
+
+    out = []
+    for t in rows:
+        name = t.when or f"measured_gate:{t.op}"
+        current = CONDITIONS.get(name)
+        gated_op = getattr(current, "__dsv4_measured_gate__", None)
+        if gated_op is None:
+            CONDITIONS[name] = measured_gate(t.op, current)
+        elif gated_op != t.op:
+            raise ValueError(f"condition {name!r} serves ops {gated_op!r} and {t.op!r}: give each op its own")
+        out.append(t if t.when else dataclasses.replace(t, when=name))
+    return tuple(out)
+
+
+TARGETS = _gate_rows(TARGETS)
 
 
 def targets_for(op: str) -> Tuple[Target, ...]:

@@ -39,7 +39,7 @@ def hc_prenorm_gemm_ref(x: torch.Tensor, fn: torch.Tensor, num_splits=None):
 
 def hc_prenorm_abs_scale(x: torch.Tensor, fn: torch.Tensor, num_splits=None) -> torch.Tensor:
     """float64 [S, m, n] (S = 1 for None): sum over split s's slice of |x[i, k]| |fn[j, k]|, the scale the rounding
-    bounds of the tests (and scripts/stress_hc_prenorm.py) are taken against."""
+    bounds of the tests (and tools/stress_hc_prenorm.py) are taken against."""
     xa = x.to(torch.float64).abs()
     fa = fn.to(torch.float64).abs()
     return torch.stack([xa[:, a:b] @ fa[:, a:b].T for a, b in split_bounds(x.shape[1], num_splits)])

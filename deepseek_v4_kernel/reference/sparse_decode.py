@@ -132,7 +132,7 @@ def sparse_decode_ref(q, k_cache, indices, topk_length=None, extra_k_cache=None,
     the weights of g's copies, is the root mean square of its norm per head row (times that of e_j) when the errors
     of distinct slots are independent and zero-mean. Copies of one slot share their error (the same score, the same
     rounded weight), so they count as one weight: counted as independent, rows of 512 copies of 2-3 slots whose values
-    nearly cancel let the arithmetic above exceed the head-row bound 2.2x (run 59). Both 0 for empty rows.
+    nearly cancel let the arithmetic above exceed the head-row bound 2.2x . Both 0 for empty rows.
     """
     qf = q.detach().cpu().to(torch.float64)
     b, s_q, h_q, d = qf.shape

@@ -1,0 +1,194 @@
+"""Dispatch rules of the MXFP4 MoE: which implementation a call runs and with which tiles (shape-only, no device
+work). Evidence for each rule: docs/fp4_moe.md.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from deepseek_v4_kernel.ops._device import extension_error, triton_version
+from deepseek_v4_kernel.ops._stats import warn_once
+from deepseek_v4_kernel.switches import env_choice
+
+OP = "fp4_moe"
+SMEM_LIMIT = 101376
+GROUP = 32
+IMPLS = ("dequant", "dot_scaled", "mxfp8", "cuda_decode")
+IMPL_ENV = "DSV4_FP4_MOE_IMPL"   # forces one impl for every call
+_IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}   # the Triton impls
+# "cuda_decode": the compiled decode kernels (csrc/fp4_moe): at most DECODE_MAX_SLOTS = M * topk slots
+# (DSV4_FP4_MOE_MAX_SLOTS in csrc/fp4_moe/params.h, checked at the C ABI); the default wherever it
+# applies (_cuda_decode_unsupported) up to CUDA_DECODE_DEFAULT_SLOTS slots: on the H100 (H100,
+# docs/fp4_moe.md) it beats "dequant" by 1.3-1.4x at 1 token, 1.1x at 8, ties at 32 tokens (192 slots)
+# and is 1.4 % slower at 42 tokens.
+DECODE_MAX_SLOTS = 256
+CUDA_DECODE_DEFAULT_SLOTS = 192
+DECODE_GEMM2_TILE = 32   # DSV4_FP4_MOE_GEMM2_TILE: output columns per gemm2 block, one counter each
+# default impl per regime ("decode" / "mid" / "prefill", see regime()); sm90 from the H100 runs
+DEFAULT_IMPL_SM90 = {"decode": "dequant", "mid": "dot_scaled", "prefill": "dot_scaled"}
+# cc >= 10: decode is weight-bandwidth bound, so the exact path costs nothing there; mid and
+# prefill use the one variant Triton lowers to SM120's native block-scaled MMA (MXFP8 activations,
+# the precision class of SGLang's own SM120 FlashInfer path and of DeepGEMM's FP8 x FP4 GEMMs).
+DEFAULT_IMPL_CC10 = {"decode": "dequant", "mid": "mxfp8", "prefill": "mxfp8"}
+# The decode regime's "dequant" holds up to this Triton version. H100 (docs/fp4_moe.md), mma.sync builds
+# (DISABLE_MMA_V3=1, SM120's instruction class), DeepSeek-V4's experts: triton 3.8.0 (SGLang 0.5.23's) passes the
+# dequantised bf16 weight tiles and the activation halves to the MMA through shared memory (sm_120a build: 196
+# registers instead of 119, 20480 B of shared memory instead of 13312), and "dequant" took 1.22-1.73x its triton
+# 3.6.0 time at 64-256 tokens (64: 1657 -> 2868 us), 1.39-1.42x "dot_scaled"'s, whose build did not change (64: 2035
+# us under both). So under a newer Triton the decode regime runs "dot_scaled" (exact as well). H100, triton 3.9.0
+# (torch 2.15.0's pin): "dequant" is built as under 3.6.0 again (sm_120a: 128 registers, 13312 B), but "dot_scaled"
+# got faster (0.71-0.74x its 3.6.0 time at 64-256 tokens) and stays ahead ("dequant" takes 1.29-1.30x its time), so
+# the rule holds for 3.9 too.
+DEQUANT_DECODE_MAX_TRITON = (3, 6)
+SMALL_ROUTE_MAX_SLOTS = 512
+
+# compiled kernels of the last call (for the shared-memory test)
+LAST_KERNELS: dict = {}
+
+
+def _interp() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# --------------------------------------------------------------------------- configs
+_CFG_KEYS = ("BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
+# Split-K of gemm1 (grid axis 1) when it has too few programs to hide the weight stream's latency:
+# at 1 token only 6 experts are hit, 384 programs of 2 warps, ~6 warps per H100 SM (H100 profile:
+# gemm1 50 us = 34 % of its byte floor, vs 51 % at 8 tokens; 41 us with the split). The split
+# doubles until the grid reaches SPLIT_PROGRAMS_PER_SM programs per SM, keeping >= 2 K steps per
+# split (shapes only). gemm2 splits only when a config asks (see fp4_moe()).
+SPLIT_PROGRAMS_PER_SM = 8
+MAX_SPLIT_K = 8
+
+
+# Tiles per impl and regime (H100 sweeps, docs/fp4_moe.md): BM rows (tokens) per block,
+# shared by both GEMMs (it sets the row layout); BN weight rows per program (gemm1: per gate
+# and per up half); BK K per step. "decode" = <= 8 expected rows per expert (weight-stream
+# bound: many small programs over N), "mid" <= 48, "prefill" above.
+_CONFIGS = {
+    "dequant": {
+        "decode": (dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=2, num_stages=4),
+                   dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=2, num_stages=4)),
+        "mid": (dict(BM=32, BN=128, BK=64, GROUP_M=4, num_warps=4, num_stages=4),
+                dict(BM=32, BN=128, BK=64, GROUP_M=4, num_warps=4, num_stages=4)),
+        "prefill": (dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3),
+                    dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)),
+    },
+    "dot_scaled": {
+        "decode": (dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=2, num_stages=4),
+                   dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=2, num_stages=4)),
+        "mid": (dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3),
+                dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)),
+        "prefill": (dict(BM=128, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4),
+                    dict(BM=128, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4)),
+    },
+    "mxfp8": {
+        "decode": (dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3),
+                   dict(BM=16, BN=32, BK=256, GROUP_M=1, num_warps=4, num_stages=3)),
+        "mid": (dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3),
+                dict(BM=32, BN=64, BK=128, GROUP_M=4, num_warps=4, num_stages=3)),
+        "prefill": (dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4),
+                    dict(BM=64, BN=64, BK=64, GROUP_M=8, num_warps=4, num_stages=4)),
+    },
+}
+
+
+def regime(M: int, topk: int, E: int) -> str:
+    S = M * topk
+    per_expert = S / max(1, min(E, S))
+    return "decode" if per_expert <= 8 else ("mid" if per_expert <= 48 else "prefill")
+
+
+def split_k(programs: int, K: int, BK: int, num_sms: int) -> int:
+    """K splits for a GEMM grid of `programs` programs over K (see SPLIT_PROGRAMS_PER_SM)."""
+    sk = 1
+    while (sk < MAX_SPLIT_K and programs * sk < SPLIT_PROGRAMS_PER_SM * num_sms
+           and triton.cdiv(K, 2 * sk * BK) >= 2):
+        sk *= 2
+    return sk
+
+
+def max_row_blocks(S: int, BM: int, E: int) -> int:
+    """Upper bound on the BM-row blocks of S slots over E experts, for any routing."""
+    return S // BM + min(E, S)
+
+
+def k_per_split(K: int, BK: int, splits: int) -> int:
+    """K range of one split: whole BK steps (a step never straddles two splits; surplus splits
+    get none)."""
+    return triton.cdiv(triton.cdiv(K, BK), splits) * BK
+
+
+def _pick_config(M: int, topk: int, E: int, I: int, H: int, impl: str):
+    c1, c2 = _CONFIGS[impl][regime(M, topk, E)]
+    return dict(c1), dict(c2)
+
+
+def _finish_config(c1, c2, I, H):
+    c2["BM"] = c1["BM"]  # both GEMMs share the row layout
+    # tiny problems: keep BK <= K rounded up to a power of two >= 32
+    c1["BK"] = min(c1["BK"], max(32, triton.next_power_of_2(H)))
+    c2["BK"] = min(c2["BK"], max(32, triton.next_power_of_2(I)))
+    return c1, c2
+
+
+def _cuda_decode_unsupported(x, w13, w2, S, H, inter):
+    """Why the compiled decode kernels cannot take this call (None when they can)."""
+    if _interp() or x.device.type != "cuda":
+        return "needs a CUDA device"
+    if S > DECODE_MAX_SLOTS:
+        return f"M * topk = {S} slots > {DECODE_MAX_SLOTS}"
+    if H % 128 or inter % 128:
+        return f"hidden ({H}) and I ({inter}) must be multiples of 128"
+    if x.stride(0) % 8 or x.data_ptr() % 16:
+        return f"hidden_states rows must be 16-byte aligned (stride(0) {x.stride(0)}, data_ptr % 16 {x.data_ptr() % 16})"
+    for name, w in (("w13", w13), ("w2", w2)):
+        if w.stride(1) % 16 or w.data_ptr() % 16:
+            return f"{name} rows must be 16-byte aligned (strides {w.stride()})"
+    from deepseek_v4_kernel._ext import has_fp4_moe_decode
+    if not has_fp4_moe_decode():
+        return "the CUDA extension (_C.so with the fp4_moe kernels) does not load"
+    return extension_error(x.device)
+
+
+def pick_impl(hidden_states, w13, w2, topk: int, config=None) -> str:
+    """The impl fp4_moe(impl=None) runs: env DSV4_FP4_MOE_IMPL; else the compiled decode kernels up to
+    CUDA_DECODE_DEFAULT_SLOTS slots where they apply (and no Triton tiles were asked for); else the
+    Triton default of the regime (default_impl)."""
+    M, H = hidden_states.shape
+    E, inter = w13.shape[0], w13.shape[1] // 2
+    S = M * topk
+    if env_choice(IMPL_ENV, IMPLS) is None and config is None and 0 < S <= CUDA_DECODE_DEFAULT_SLOTS:
+        why = _cuda_decode_unsupported(hidden_states, w13, w2, S, H, inter)
+        if why is None:
+            return "cuda_decode"
+        fallback = default_impl(regime(M, topk, E), hidden_states.device)
+        if hidden_states.device.type == "cuda":   # (on the CPU, under the interpreter, Triton is the only choice)
+            warn_once(OP, f"the compiled decode kernels cannot take a call of {S} slots ({why}): it runs the Triton "
+                          f"impl {fallback!r}, slower at decode sizes")
+        return fallback
+    return default_impl(regime(M, topk, E), hidden_states.device)
+
+
+def default_impl(regime_name: str = "decode", device=None) -> str:
+    env = env_choice(IMPL_ENV, IMPLS)
+    if env:
+        return env
+    if _interp() or not torch.cuda.is_available():
+        return "dequant"
+    if device is not None and torch.device(device).type != "cuda":
+        return "dequant"
+    major = torch.cuda.get_device_capability(device)[0]
+    impl = (DEFAULT_IMPL_CC10 if major >= 10 else DEFAULT_IMPL_SM90)[regime_name]
+    if impl == "dequant" and not decode_dequant_allowed():
+        return "dot_scaled"
+    return impl
+
+
+def decode_dequant_allowed() -> bool:
+    """Whether the decode regime's "dequant" default holds under the installed Triton (DEQUANT_DECODE_MAX_TRITON)."""
+    return triton_version() <= DEQUANT_DECODE_MAX_TRITON
+
+
