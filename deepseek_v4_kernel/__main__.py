@@ -1,4 +1,5 @@
-"""Command line: ``python -m deepseek_v4_kernel doctor [--json] [--no-selftest] [--devices N,...]``."""
+"""Command line: ``python -m deepseek_v4_kernel doctor [--json] [--no-selftest] [--devices N,...]``, or
+``python -m deepseek_v4_kernel bench [--tp N] [--ops a,b] [--out PATH] [--quick] [--mma-sync]`` (bench/cli.py)."""
 
 import sys
 
@@ -6,13 +7,19 @@ import sys
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m deepseek_v4_kernel doctor [--json] [--no-selftest] [--devices N,...]")
+        print("usage: python -m deepseek_v4_kernel doctor [--json] [--no-selftest] [--devices N,...]\n"
+              "       python -m deepseek_v4_kernel bench [--tp N] [--ops a,b] [--out PATH] [--quick] [--mma-sync]")
         return 0 if argv else 2
     if argv[0] == "doctor":
         from .doctor import main as doctor
 
         return doctor(argv[1:])
-    print(f"unknown command {argv[0]!r}; usage: python -m deepseek_v4_kernel doctor [--json]", file=sys.stderr)
+    if argv[0] == "bench":   # ours against SGLang's installed paths on this GPU (deepseek_v4_kernel/bench/cli.py)
+        from .bench.cli import main as bench
+
+        return bench(argv[1:])
+    print(f"unknown command {argv[0]!r}; usage: python -m deepseek_v4_kernel doctor [--json] | bench [--tp N]",
+          file=sys.stderr)
     return 2
 
 

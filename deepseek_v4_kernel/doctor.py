@@ -105,8 +105,8 @@ def _targets(import_modules: bool) -> dict:
     return {"active": patcher.active, "why": patcher.why, "sglang": patcher.version, "targets": rows}
 
 
-_HC_ATOMIC_ENV = "DSV4_HC_PRENORM_ATOMIC"                           # ops/hc_prenorm.py ATOMIC_ENV
-_SGLANG_DETERMINISTIC_ENV = "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"   # ops/hc_prenorm.py SGLANG_DETERMINISTIC_ENV
+_HC_ATOMIC_ENV = "DSV4_HC_PRENORM_ATOMIC"                           # ops/hc_prenorm/dispatch.py ATOMIC_ENV
+_SGLANG_DETERMINISTIC_ENV = "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"   # patch/adapters.py SGLANG_DETERMINISTIC_ENV
 
 
 def _sums_info() -> str:
@@ -151,6 +151,32 @@ def _triton_choices_info() -> str:
     return text
 
 
+_STARTED = "_deepseek_v4_kernel_startup"   # sitecustomize.py's sys.modules key: the copy of it that ran
+_HOOK_MARKER = b"deepseek_v4_kernel start-up hook"
+
+
+def _start_up_hook_info() -> str:
+    """Whether our sitecustomize.py ran in this process, and if not, which one Python ran instead (Python imports
+    only the first sitecustomize on sys.path: an image's own before ours means ours never runs)."""
+    started = sys.modules.get(_STARTED)
+    if started is not None:
+        how = "installs nothing" if policy.env_flag(policy.DISABLE) else "installs the patch layer at the first " \
+            "import of sglang, deep_gemm or flash_mla"
+        return f"ran ({getattr(started, '__file__', '?')}; {how})"
+    first = getattr(sys.modules.get("sitecustomize"), "__file__", None)
+    if not first:
+        return "did not run: PYTHONPATH does not reach the directory that holds it (e.g. PYTHONPATH=build/dsv4)"
+    try:
+        with open(first, "rb") as f:
+            ours = _HOOK_MARKER in f.read(256)
+    except OSError:
+        ours = False
+    if ours:
+        return f"an older copy ran ({first}): rebuild the directory with scripts/build.sh"
+    return (f"did not run: Python ran {first}, the first sitecustomize.py on sys.path, and runs only that one: put "
+            f"the directory that holds ours first on PYTHONPATH (ours then runs that one after it)")
+
+
 def collect(run_selftest: bool = True, import_modules: bool = True, devices=None) -> dict:
     """``devices``: the GPUs to self-test ("cuda:N" strings; default every visible one)."""
     dev = policy.device_info()
@@ -158,6 +184,7 @@ def collect(run_selftest: bool = True, import_modules: bool = True, devices=None
         "deepseek_v4_kernel": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "start_up_hook": _start_up_hook_info(),
         "nvml": {"gpus": [{"name": n, "capability": f"sm_{a}{b}"} for n, (a, b) in zip(dev.names, dev.capabilities)],
                  "error": dev.error},
         "versions": {k: _dist_version(v) for k, v in _DISTRIBUTIONS.items()},
@@ -184,6 +211,8 @@ def collect(run_selftest: bool = True, import_modules: bool = True, devices=None
 def format_text(d: dict) -> str:
     lines = [f"deepseek_v4_kernel {d['deepseek_v4_kernel']}  (Python {d['python']}, {d['platform']})"]
     gpus = d["nvml"]["gpus"]
+    if d.get("start_up_hook"):
+        lines.append(f"start-up hook (sitecustomize.py): {d['start_up_hook']}")
     lines.append("GPUs (NVML): " + (", ".join(f"{g['name']} {g['capability']}" for g in gpus) if gpus
                                     else f"none ({d['nvml']['error']})"))
     t = d["torch"]

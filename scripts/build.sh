@@ -42,5 +42,15 @@ case "$mode" in
     none)
         echo "build.sh: --no-ext: no CUDA extension; sparse decode will hand back to SGLang" ;;
 esac
+# .pyc files for a read-only mount (-v ...:/dsv4:ro), where Python cannot write them and would compile every module it
+# imports at each start. A .pyc belongs to one Python version: compile with the interpreter that will run SGLang (the
+# image's in --docker mode) and with this machine's. checked-hash: valid whatever mtimes the files get when copied,
+# and a hand-edited .py is noticed (compiled at each start) instead of a stale .pyc running.
+if [ "$mode" = docker ]; then
+    docker run --rm -v "$out:/out" "$image" python3 -m compileall -q -j0 --invalidation-mode checked-hash /out
+fi
+if command -v python3 >/dev/null; then
+    python3 -m compileall -q -j0 --invalidation-mode checked-hash "$out"
+fi
 echo "built $out"
 echo "run: docker run --gpus all -v $out:/dsv4:ro -e PYTHONPATH=/dsv4 IMAGE python3 -m sglang.launch_server ..."

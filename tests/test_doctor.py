@@ -1,10 +1,12 @@
 """The doctor runs anywhere, and its self-test checks are themselves correct (run here on the CPU
 under the Triton interpreter at small sizes; on a GPU at full size)."""
 
+import ast
 import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -42,7 +44,7 @@ def test_doctor_says_the_triton_dependent_choices(monkeypatch, version, says, no
     from deepseek_v4_kernel import doctor
     from deepseek_v4_kernel.ops import _device, fp4_moe, hc_prenorm
 
-    for mod in (_device, fp4_moe, hc_prenorm):   # the ops hold the function by name
+    for mod in (_device, fp4_moe.dispatch, hc_prenorm.dispatch):   # the ops hold the function by name
         monkeypatch.setattr(mod, "triton_version", lambda: version)
     text = doctor._triton_choices_info()
     assert text.startswith("triton " + ".".join(map(str, version))), text
@@ -100,3 +102,80 @@ def test_selftest_fp4_moe_check_on_cpu_interpreter():
 def test_selftest_all_pass_on_gpu():
     results = selftest.run_all()
     assert results and all(r["ok"] for r in results), results
+
+
+def test_selftest_decides_without_assert_statements():
+    """`python -O` (PYTHONOPTIMIZE) strips asserts: a bound checked by one would pass anything there."""
+    tree = ast.parse(open(selftest.__file__).read())
+    asserts = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+    assert not asserts, f"selftest.py decides with assert at lines {asserts}"
+
+
+# Every op replaced by a broken one (its float64 reference, off by half, or zeros); the checks then run on the CPU
+# (the references and the broken ops are torch code: no kernel runs).
+BROKEN_OPS = """
+import json, sys
+from deepseek_v4_kernel import selftest
+from deepseek_v4_kernel.ops import fp4_moe, hc_prenorm, indexer_logits, sparse_decode
+from deepseek_v4_kernel.reference.hc_prenorm import hc_prenorm_gemm_ref
+from deepseek_v4_kernel.reference.indexer_logits import paged_mqa_logits_ref
+from deepseek_v4_kernel.reference.sparse_decode import sparse_decode_ref
+
+def broken_sparse_decode(q, cache, idx, **kw):
+    out, lse = sparse_decode_ref(q, cache, idx, **kw)
+    return (out * 1.5).to(q.dtype), lse.float()
+
+def broken_indexer(q, cache, w, lens, table, max_len, clean_logits=True):
+    return (paged_mqa_logits_ref(q, cache, w, lens, table, max_len) * 1.5).float()
+
+def broken_hc_prenorm(x, fn, out, sq, num_splits=None, **kw):
+    ref_out, ref_sq = hc_prenorm_gemm_ref(x, fn, num_splits)
+    out.copy_(ref_out * 1.5)
+    sq.copy_(ref_sq)
+
+def broken_fp4_moe(*args, out=None, **kw):
+    return out.zero_()
+
+sparse_decode.sparse_decode = broken_sparse_decode
+indexer_logits.paged_mqa_logits = broken_indexer
+hc_prenorm.hc_prenorm_gemm = broken_hc_prenorm
+fp4_moe.fp4_moe = broken_fp4_moe
+selftest.CHECKS["hc_prenorm"] = lambda device: selftest.check_hc_prenorm(device=device, K=512)
+selftest.CHECKS["fp4_moe"] = lambda device: selftest.check_fp4_moe(device=device, hidden=64, inter=64, experts=8)
+print("OPTIMIZED=%s" % (not __debug__))
+print("RESULTS=" + json.dumps(selftest.run_all(["cpu"])))
+"""
+
+
+def test_selftest_fails_broken_ops_under_python_optimize():
+    """The doctor's self-test under `python -O`: each broken op FAILs, the message naming the op, the quantity,
+    its value and the bound."""
+    r = subprocess.run([sys.executable, "-O", "-c", textwrap.dedent(BROKEN_OPS)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr
+    assert "OPTIMIZED=True" in r.stdout, r.stdout
+    results = json.loads(next(l for l in r.stdout.splitlines() if l.startswith("RESULTS="))[len("RESULTS="):])
+    assert [x["op"] for x in results] == list(selftest.CHECKS), results
+    said = {x["op"]: x["detail"] for x in results}
+    for x in results:
+        assert not x["ok"] and x["detail"].startswith(f"CheckFailed: {x['op']}: "), x
+    assert "out rel err = 0.5, not < the bound 0.01 (bf16 output)" in said["sparse_decode"], said
+    assert "rel err = 0.5, not < the bound 0.002" in said["indexer_logits"], said
+    assert "m=5 splits=64: out rel err = 0.5, not < the bound 0.002" in said["hc_prenorm"], said
+    assert "out rel err = 1, not < the bound 0.02" in said["fp4_moe"], said
+
+
+def test_doctor_says_whether_the_start_up_hook_ran(tmp_path):
+    """Ours ran; an image's sitecustomize.py first on the path shadowed it (Python runs only the first one)."""
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("IMAGE = True\n")
+    doctor = [sys.executable, "-m", "deepseek_v4_kernel", "doctor", "--no-selftest"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV4_")}
+    for path, says in (([ROOT], "start-up hook (sitecustomize.py): ran (" + os.path.join(ROOT, "sitecustomize.py")),
+                       ([str(image), ROOT], f"start-up hook (sitecustomize.py): did not run: Python ran "
+                                            f"{image / 'sitecustomize.py'}, the first sitecustomize.py on sys.path")):
+        r = subprocess.run(doctor, capture_output=True, text=True, cwd=str(tmp_path), timeout=300,
+                           env={**env, "PYTHONPATH": os.pathsep.join(path)})
+        assert r.returncode == 0, r.stderr
+        assert says in r.stdout, r.stdout

@@ -622,7 +622,7 @@ def test_gpu_fuzz(monkeypatch, seed):
     desc = (f"seed {seed}: M={M} H={H} I={I} E={E} k={k} impl={impl} drop={drop} skew={skew} lim={lim} "
             f"rsf={rsf} sms={sms}")
     print(desc)
-    patch_sm_count(monkeypatch, op, "sm_count", sms)
+    patch_sm_count(monkeypatch, op.api, "sm_count", sms)
     w = _gpu_weights(E, H, I)
     tw, ids = make_routing(M, E, k, "cuda", seed=seed, drop=drop, skew=skew)
     if r.random() < 0.2:   # ids past the experts: dropped like -1

@@ -1428,7 +1428,7 @@ def test_gpu_fuzz(monkeypatch, seed):
     print(desc)
     if tf32:
         monkeypatch.setenv("DSV4_HC_PRENORM_PRECISION", "tf32")
-    patch_sm_count(monkeypatch, hp, "sm_count", sms)
+    patch_sm_count(monkeypatch, hp.api, "sm_count", sms)
     m, S = x.shape[0], num_splits or 1
     if impl == "cuda":
         why = hp.cuda_unsupported(x, fn, S)

@@ -406,6 +406,83 @@ def test_every_target_row_is_well_formed():
             assert t.when in targets.CONDITIONS, t
         if t.kind == "replace":
             mod, _, fn = t.replacement.partition(":")
-            assert mod.startswith("deepseek_v4_kernel.ops.") and fn, t
+            assert (mod.startswith("deepseek_v4_kernel.ops.") or mod == "deepseek_v4_kernel.patch.adapters") and fn, t
             if t.callers:
                 assert t.params, f"{t}: a replacement must list the keywords its callers pass"
+
+
+def test_summary_words_cover_every_status():
+    statuses = {hook.PATCHED, hook.PENDING, hook.SKIPPED, hook.LEFT, hook.INACTIVE, hook.ERROR}
+    assert set(hook.SUMMARY_WORDS) == statuses
+
+
+def test_summary_counts_what_happened(toypkg):
+    import importlib
+
+    p = _patcher([_target(toypkg), _target(toypkg, attr="other", params=("a",), importers=()),
+                  _target(toypkg, first="0.5.13", last="0.5.15.post1")])
+    try:
+        assert p.summary() == "2 waiting for their module, 1 not for this version"
+        importlib.import_module(f"{toypkg}.lib")
+        assert p.summary() == "1 patched, 1 skipped, 1 not for this version"
+    finally:
+        p.uninstall()
+
+
+def test_nvml_failure_is_said(monkeypatch):
+    import ctypes
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    info = policy._query_nvml()
+    assert info.error == "libnvidia-ml.so.1 not loadable: libnvidia-ml.so.1: cannot open shared object file"
+    assert info.describe() == f"no GPU visible to NVML: {info.error}"
+    assert policy.DeviceInfo().describe() == "no GPU visible to NVML"
+
+
+def _start_up_hook_namespace():
+    """sitecustomize.py's definitions, executed under a name sys.modules does not hold (so it installs nothing)."""
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sitecustomize.py")
+    ns = {"__name__": "_dsv4_start_up_hook_under_test", "__file__": path}
+    exec(compile(open(path).read(), path, "exec"), ns)
+    return ns
+
+
+def test_start_up_watcher_installs_on_first_watched_import_and_hands_over(toypkg, monkeypatch):
+    """sitecustomize.py's watcher: nothing happens until a watched package is imported; then the patch layer
+    installs (without a finder of its own on sys.meta_path) and the watcher hands it this and later imports."""
+    import importlib
+    import types
+
+    ns = _start_up_hook_namespace()
+    ns["WATCHED_PACKAGES"] = frozenset((toypkg,))
+    made = []
+
+    def install():
+        p = Patcher([_target(toypkg)], "0.5.23", True, "test")
+        p.install(add_finder=not fake_patch._start_up_watcher_present())
+        made.append(p)
+        return p
+
+    from deepseek_v4_kernel import patch as real_patch
+
+    fake_patch = types.SimpleNamespace(install=install, installed=lambda: made[-1] if made else None,
+                                       _start_up_watcher_present=real_patch._start_up_watcher_present)
+    monkeypatch.setitem(sys.modules, "deepseek_v4_kernel.patch", fake_patch)
+    monkeypatch.setattr(sys.modules["deepseek_v4_kernel"], "patch", fake_patch, raising=False)
+    watcher = ns["FirstImportHook"]()
+    sys.meta_path.insert(0, watcher)
+    try:
+        importlib.import_module("json")   # not watched: nothing installed
+        assert not made
+        lib = importlib.import_module(f"{toypkg}.lib")
+        assert len(made) == 1 and made[0]._finder not in sys.meta_path and watcher in sys.meta_path
+        assert lib.op(2) == ("ours", 2, 1) and made[0].records[made[0].targets[0]].status == hook.PATCHED
+        user = importlib.import_module(f"{toypkg}.user")   # a later import: the same patcher, importer rebound
+        assert len(made) == 1 and user.op(3) == ("ours", 3, 1)
+    finally:
+        sys.meta_path.remove(watcher)

@@ -1,9 +1,11 @@
-"""Patch layer: ``install()`` is what ``sitecustomize.py`` calls in every process.
+"""Patch layer: ``install()`` decides whether to act and installs the import hook that applies ``targets.TARGETS``.
 
-It decides whether to act (SM12x device, or DSV4_KERNEL_FORCE=1; never with
-DSV4_KERNEL_DISABLE=1), reads the SGLang version from package metadata, and installs the
-import hook that applies ``targets.TARGETS``. It imports neither torch nor SGLang and does
-not initialise CUDA. ``report()`` says what happened to every target.
+``sitecustomize.py`` calls it when a package the targets live in (sglang, deep_gemm, flash_mla) is first imported,
+before that package's code runs; the doctor and the tests call it directly. It decides whether to act (SM12x
+device, or DSV4_KERNEL_FORCE=1; never with DSV4_KERNEL_DISABLE=1), reads the SGLang version from package metadata,
+sets the environment rows and patches the target modules already imported; the others are patched the moment
+they are imported. It imports neither torch nor SGLang and does not initialise CUDA. ``report()`` says what
+happened to every target.
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ from .targets import TARGETS
 
 _PATCHER: Optional[Patcher] = None
 
+DOCTOR = "python -m deepseek_v4_kernel doctor"
+
+
+def _start_up_watcher_present() -> bool:
+    """sitecustomize.py's watcher is on sys.meta_path: it hands the watched imports to our finder itself."""
+    return any(getattr(f, "dsv4_first_import_hook", False) is True for f in sys.meta_path)
+
 
 def install(targets=TARGETS, announce: bool = True) -> Patcher:
-    """Install once per process (later calls return the same patcher)."""
+    """Install once per process (later calls return the same patcher). ``announce``: print the start-up line
+    (where the layer is active or SGLang is installed, unless DSV4_KERNEL_QUIET=1)."""
     global _PATCHER
     if _PATCHER is not None:
         return _PATCHER
@@ -27,17 +37,21 @@ def install(targets=TARGETS, announce: bool = True) -> Patcher:
     version = policy.sglang_version()
     patcher = Patcher(targets, version, active, why)
     _PATCHER = patcher
-    patcher.install()
-    if announce and not policy.env_flag(policy.QUIET):
-        from .. import __version__
-
-        state = "active" if active else "inactive"
-        print(
-            f"[deepseek_v4_kernel {__version__}] {state}: {why}; SGLang {version or 'not installed'}; "
-            f"{len(patcher.targets)} targets ({patcher.summary()}); details: python -m deepseek_v4_kernel doctor",
-            file=sys.stderr,
-        )
+    patcher.install(add_finder=not _start_up_watcher_present())
+    if announce and (active or version is not None) and not policy.env_flag(policy.QUIET):
+        print(start_up_line(patcher), file=sys.stderr)
     return patcher
+
+
+def start_up_line(patcher: Patcher) -> str:
+    """One line: whether the layer acts and why (naming NVML's error where the probe failed), the SGLang
+    version, and what happened to the targets so far."""
+    from .. import __version__
+
+    state = "active" if patcher.active else "inactive"
+    what = f"{len(patcher.targets)} targets: {patcher.summary()}" if patcher.active else "nothing patched"
+    return (f"[deepseek_v4_kernel {__version__}] {state}: {patcher.why}; SGLang {patcher.version or 'not installed'}; "
+            f"{what}; details: {DOCTOR}")
 
 
 def installed() -> Optional[Patcher]:
@@ -45,7 +59,7 @@ def installed() -> Optional[Patcher]:
 
 
 def report() -> List[dict]:
-    """One dict per target: op, target, versions, status, reason, handbacks."""
+    """One dict per target: op, target, versions, status, reason, handbacks ([] before ``install()``)."""
     return _PATCHER.report() if _PATCHER is not None else []
 
 

@@ -20,10 +20,12 @@ from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
 from deepseek_v4_kernel.ops import hc_prenorm as _hc
 from deepseek_v4_kernel.ops._device import extension_error as _extension_error
 from deepseek_v4_kernel.ops.fp4_moe import fp4_moe
-from deepseek_v4_kernel.ops.hc_prenorm import hc_prenorm_gemm, tf32_hc_prenorm_gemm  # noqa: F401  (deep_gemm's API)
+from deepseek_v4_kernel.ops.hc_prenorm import hc_prenorm_gemm
 from deepseek_v4_kernel.ops.indexer_logits import (  # noqa: F401  (DeepGEMM's indexer API)
     fp8_mqa_logits, fp8_paged_mqa_logits, get_paged_mqa_logits_metadata, paged_mqa_logits)
 from deepseek_v4_kernel.ops.sparse_decode import flash_mla_with_kvcache  # noqa: F401  (FlashMLA's API)
+
+from . import measured
 
 # ----------------------------------------------------------------------------- hc_prenorm
 # set in SGLang's workers by --enable-deterministic-inference
@@ -39,12 +41,20 @@ if sglang_deterministic_inference not in _hc.DETERMINISTIC_SOURCES:
     _hc.DETERMINISTIC_SOURCES.append(sglang_deterministic_inference)
 
 
+def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):
+    """``deep_gemm.tf32_hc_prenorm_gemm`` (DeepGEMM's signature), with DSV4_KERNEL_PREFER=measured's per-size choice."""
+    if a.shape[0] > 0:
+        measured.check("hc_prenorm", measured.size_class("hc_prenorm", a.shape[0]))
+    return _hc.tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits)
+
+
 def sglang_tf32_hc_prenorm_gemm(x, fn, out, sqrsum, num_splits):
     """``sglang.srt.layers.deep_gemm_wrapper.entrypoint.tf32_hc_prenorm_gemm``
     (0.5.17 .. 0.5.23: positional ``(x, fn, out, sqrsum, num_splits)``, no default;
     returns None, m == 0 returns before any check)."""
     if x.shape[0] == 0:
         return None
+    measured.check("hc_prenorm", measured.size_class("hc_prenorm", x.shape[0]))
     return hc_prenorm_gemm(x, fn, out, sqrsum, num_splits)
 
 
@@ -131,6 +141,9 @@ def flash_mla_with_kvcache_sm120(**kwargs):
     extra_indices_in_kvcache, extra_topk_length; other FlashMLA keywords tolerated)."""
     kw = dict(kwargs)
     kw.setdefault("is_fp8_kvcache", True)
+    q = kw.get("q")
+    if q is not None and q.dim() == 4 and q.shape[0] * q.shape[1] > 0:
+        measured.check(OP_SPARSE_DECODE, measured.size_class(OP_SPARSE_DECODE, q.shape[0] * q.shape[1], heads=q.shape[2]))
     return flash_mla_with_kvcache(**kw)
 
 
@@ -175,6 +188,8 @@ def fp8_paged_mqa_logits_sglang_fallback(q_fp8, kvcache_fp8, weight, seq_lens, p
     """Drop-in for SGLang's fallbacks. Accepts seq_lens [b] or [b, 1]. Always writes -inf past
     each row's length (what ``fp8_paged_mqa_logits_torch_sm120`` returns; every caller masks by
     length anyway), whatever ``clean_logits`` says (callers pass False)."""
+    if q_fp8.shape[0] > 0:
+        measured.check("indexer_logits", measured.size_class("indexer_logits", q_fp8.shape[0]))
     if seq_lens.dim() == 2 and seq_lens.shape[1] == 1 and q_fp8.dim() == 4 and q_fp8.shape[1] == 1:
         seq_lens = seq_lens[:, 0]
     return paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, max_seq_len,

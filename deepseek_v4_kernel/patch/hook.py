@@ -4,7 +4,9 @@
   imported, the finder lets the normal finders locate it and hooks the loader's
   ``exec_module``, so the patch runs the moment the module body has executed, before any
   caller can take a reference. Modules already imported when ``install()`` runs are
-  patched at once.
+  patched at once. In a process started with our directory on PYTHONPATH, sitecustomize.py's
+  watcher (already first on sys.meta_path, where it installed this layer at the first import
+  of a watched package) hands the imports to this finder instead of it being added there.
 * Each target is checked before it is touched: SGLang version in range, attribute
   present, the original's signature has the parameters the replacement was written for,
   the target's condition holds. Anything else is skipped and reported, never patched
@@ -40,6 +42,10 @@ SKIPPED = "skipped"  # could not be applied safely: missing module/attribute, dr
 LEFT = "left"  # applies to this version but not needed here (native SM120 kernel present)
 INACTIVE = "inactive"  # outside this SGLang version / patch layer not active
 ERROR = "error"  # an unexpected exception while patching (start-up continues)
+
+# How the start-up line counts the records (Patcher.summary); every status above has its words.
+SUMMARY_WORDS = {PATCHED: "patched", PENDING: "waiting for their module", LEFT: "left to SGLang",
+                 SKIPPED: "skipped", ERROR: "failed", INACTIVE: "not for this version"}
 
 
 @dataclass
@@ -138,7 +144,10 @@ class Patcher:
         self._lock = threading.RLock()
 
     # ---------------------------------------------------------------- install
-    def install(self) -> None:
+    def install(self, add_finder: bool = True) -> None:
+        """Set the environment rows, patch the target modules already imported and make the finder that patches
+        the others as they are imported. ``add_finder``: put it first on sys.meta_path (False: sitecustomize.py's
+        watcher, already there, hands it the watched imports)."""
         if not self.active:
             for r in self.records.values():
                 r.status, r.reason = INACTIVE, self.why
@@ -159,7 +168,8 @@ class Patcher:
             watched.add(t.module)
             watched.update(t.importers)
         self._finder = _Finder(self, watched)
-        sys.meta_path.insert(0, self._finder)
+        if add_finder:
+            sys.meta_path.insert(0, self._finder)
         for name in sorted(watched):
             if name in sys.modules:
                 self.on_import(name, sys.modules[name])
@@ -276,10 +286,12 @@ class Patcher:
         return [self.records[t].as_dict() for t in self.targets]
 
     def summary(self) -> str:
+        """'3 patched, 5 waiting for their module, 7 not for this version': each status present, in
+        SUMMARY_WORDS's words and order."""
         counts: Dict[str, int] = {}
         for r in self.records.values():
             counts[r.status] = counts.get(r.status, 0) + 1
-        return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        return ", ".join(f"{counts[s]} {w}" for s, w in SUMMARY_WORDS.items() if counts.get(s))
 
 
 class _Finder:
@@ -297,7 +309,9 @@ class _Finder:
         try:
             spec = None
             for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
+                # sitecustomize.py's watcher hands watched imports to this finder: asking it would ask us again
+                if finder is self or not hasattr(finder, "find_spec") or getattr(finder, "dsv4_first_import_hook",
+                                                                                 False) is True:
                     continue
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:

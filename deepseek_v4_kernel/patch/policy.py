@@ -2,12 +2,12 @@
 
 Nothing here imports torch, SGLang or initialises CUDA: the device is read through NVML
 (libnvidia-ml, the driver's management library), which creates no CUDA context, so a
-process that forks workers after start-up is not harmed.
+process that forks workers after start-up is not harmed. The probe runs when the patch layer
+installs (sitecustomize.py: when SGLang is first imported), never in a process that does not.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 from dataclasses import dataclass, field
@@ -51,7 +51,7 @@ class DeviceInfo:
 
     def describe(self) -> str:
         if not self.capabilities:
-            return "no GPU visible to NVML"
+            return "no GPU visible to NVML" + (f": {self.error}" if self.error else "")
         caps = sorted({f"sm_{a}{b}" for a, b in self.capabilities})
         return f"{len(self.capabilities)} GPU(s) {', '.join(caps)} ({self.names[0]})"
 
@@ -73,20 +73,35 @@ def _visible_indices(count: int) -> List[int]:
     return out
 
 
+def _nvml_error(nvml, code: int) -> str:
+    """NVML's own words for a return code ("Driver Not Loaded", "Insufficient Permissions", ...)."""
+    import ctypes
+
+    try:
+        nvml.nvmlErrorString.restype = ctypes.c_char_p
+        return f"{nvml.nvmlErrorString(code).decode(errors='replace')} (NVML error {code})"
+    except Exception:
+        return f"NVML error {code}"
+
+
 def _query_nvml() -> DeviceInfo:
+    import ctypes
+
     info = DeviceInfo(source="nvml")
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError as e:
         info.error = f"libnvidia-ml.so.1 not loadable: {e}"
         return info
-    if nvml.nvmlInit_v2() != 0:
-        info.error = "nvmlInit_v2 failed"
+    ret = nvml.nvmlInit_v2()
+    if ret != 0:
+        info.error = f"nvmlInit_v2 failed: {_nvml_error(nvml, ret)}"
         return info
     try:
         count = ctypes.c_uint(0)
-        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            info.error = "nvmlDeviceGetCount_v2 failed"
+        ret = nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
+        if ret != 0:
+            info.error = f"nvmlDeviceGetCount_v2 failed: {_nvml_error(nvml, ret)}"
             return info
         for i in _visible_indices(count.value):
             handle = ctypes.c_void_p()

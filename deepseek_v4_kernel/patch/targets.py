@@ -64,7 +64,7 @@ class Target:
 # ----------------------------------------------------------------------------- conditions
 # Each takes the imported module and returns (needed, why). Evaluated when the module is
 # imported, so it sees the module's real state. A condition of an "env" row is evaluated when
-# the patch layer installs (before SGLang is imported) and takes the SGLang version instead.
+# the patch layer installs (at the first import of SGLang, before its code runs) and takes the SGLang version instead.
 
 def _flashinfer_has_sm120_sparse_mla() -> bool:
     """FlashInfer's native SM120 sparse-MLA module exists (checked on disk: importing
@@ -255,10 +255,11 @@ TARGETS: Tuple[Target, ...] = (
     # SGLang's switch for the DeepGEMM pre-norm path (read at call time). On SM120, 0.5.13-0.5.19 set it off in
     # the launching process whatever the user said (0.5.13 server_args.py:2120 ... 0.5.19 model_hook.py:343),
     # after this layer set it: reassert sets it again in the processes the launcher starts (its scheduler and
-    # TP workers, spawned: they run this layer first), unless the user set it. 0.5.20-0.5.23 turn it off only
-    # when unset (model_hook.py: 0.5.20:393, 0.5.21:455, 0.5.22:487, 0.5.23:494). From 0.5.21 SGLang's gate also
-    # needs ENABLE_JIT_DEEPGEMM (mhc._use_deep_gemm_hc_prenorm), replaced below. The condition keeps the flag
-    # off where it would lead to an `import deep_gemm` that no installed module answers.
+    # TP workers, spawned: each installs this layer at its first `import sglang`, before SGLang's code runs),
+    # unless the user set it. 0.5.20-0.5.23 turn it off only when unset (model_hook.py: 0.5.20:393, 0.5.21:455,
+    # 0.5.22:487, 0.5.23:494). From 0.5.21 SGLang's gate also needs ENABLE_JIT_DEEPGEMM
+    # (mhc._use_deep_gemm_hc_prenorm), replaced below. The condition keeps the flag off where it would lead to an
+    # `import deep_gemm` that no installed module answers.
     Target(
         op="hc_prenorm", module="", attr="SGLANG_OPT_DEEPGEMM_HC_PRENORM", kind="env", value="1",
         first="0.5.13", last="0.5.23", when="hc_prenorm_gate_cannot_reach_a_missing_deep_gemm", reassert=True,

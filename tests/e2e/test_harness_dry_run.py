@@ -1,0 +1,116 @@
+"""The GPU-run script end to end on the CPU, against a stand-in ``sglang.launch_server`` that answers SGLang's HTTP
+API (/health, /generate with logprobs and streaming, /start_profile): sessions start and stop as process groups, the
+shim runs in the server process, results, comparisons, checks, table and logs come out."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import e2e_env  # noqa: F401
+from e2e_env import ROOT
+
+FAKE_SERVER = textwrap.dedent('''
+    import argparse, json, os, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    # a second process that imports SGLang, as its scheduler is (same process group)
+    subprocess.Popen([sys.executable, "-c", "import sglang.srt, time; time.sleep(3600)"])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--moe-runner-backend")
+    args, _ = ap.parse_known_args()
+    # what the real server's model loader would call (the shim replaces it)
+    import sglang.srt.model_loader.weight_utils as wu
+    print("weights initialiser:", wu.initialize_dummy_weights.__name__, file=sys.stderr, flush=True)
+    SHIFT = int(os.environ.get("FAKE_TOKEN_SHIFT", "0")) if args.moe_runner_backend == "triton" else 0
+
+    def tokens(ids, n):
+        return [(sum(ids) + 7 * i + (SHIFT if i == 3 else 0)) % 1000 + 2 for i in range(n)]
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def _send(self, code, body, ctype="application/json"):
+            self.send_response(code); self.send_header("Content-Type", ctype); self.end_headers()
+            self.wfile.write(body)
+        def do_GET(self):
+            self._send(200 if self.path == "/health" else 404, b"{}")
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+            if self.path == "/start_profile":
+                d = req["output_dir"]; os.makedirs(d, exist_ok=True)
+                with open(os.path.join(d, "trace.json"), "w") as f:
+                    json.dump({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "fp4_moe_gemm", "dur": 30},
+                                               {"ph": "X", "cat": "kernel", "name": "sparse_decode_mma", "dur": 70}]}, f)
+                return self._send(200, b"ok")
+            n = req["sampling_params"]["max_new_tokens"]
+            out = tokens(req["input_ids"], n)
+            meta = {"completion_tokens": n, "prompt_tokens": len(req["input_ids"])}
+            if req.get("return_logprob"):
+                meta["output_token_logprobs"] = [[-0.5, t, None] for t in out]
+                meta["output_top_logprobs"] = [[[-0.5, t, None], [-2.5, t + 1, None]] for t in out]
+            if not req.get("stream"):
+                return self._send(200, json.dumps({"output_ids": out, "meta_info": meta}).encode())
+            self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
+            for k in range(1, n + 1):
+                chunk = {"output_ids": out[:k], "meta_info": {"completion_tokens": k}}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n"); self.wfile.flush()
+                time.sleep(0.001)
+            self.wfile.write(b"data: [DONE]\\n\\n")
+
+    ThreadingHTTPServer.request_queue_size = 256  # 32 streams connect at once
+    ThreadingHTTPServer(("127.0.0.1", args.port), H).serve_forever()
+''')
+
+
+def _fake_bundle(work):
+    site = os.path.join(work, "site", "sglang")
+    os.makedirs(os.path.join(site, "srt", "model_loader"))
+    for pkg in ("", "srt", os.path.join("srt", "model_loader")):
+        open(os.path.join(site, pkg, "__init__.py"), "w").close()
+    with open(os.path.join(site, "srt", "model_loader", "weight_utils.py"), "w") as f:
+        f.write("def initialize_dummy_weights(model, low=-1e-3, high=1e-3, seed=1234):\n    pass\n")
+    with open(os.path.join(site, "launch_server.py"), "w") as f:
+        f.write(FAKE_SERVER)
+    os.makedirs(os.path.join(work, "tf"))
+
+
+def _run(work, out, *extra, env=None):
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "e2e", "run_e2e.py"), "--stages", "run,report",
+           "--work", str(work), "--out", str(out), "--quick", "--port", "30900", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, **(env or {})))
+
+
+def test_dry_run_produces_results_and_checks(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_bundle(str(work))
+    r = _run(work, out, "--sessions", "c-graphs,b-graphs,a-eager", "--throughput", "--profile", "--soak", "12",
+             "--soak-concurrency", "4")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.load(open(out / "e2e.json"))
+    assert set(doc["sessions"]) == {"c-graphs", "b-graphs", "a-eager", "b-graphs-soak"}
+    b = doc["sessions"]["b-graphs"]
+    assert b["started"] and b["served"] and b["throughput"]["decode"][2]["concurrency"] == 32
+    assert doc["profile_b"]["share"] == {"sparse_mla": 0.7, "moe_experts": 0.3}
+    assert doc["sessions"]["b-graphs-soak"]["soak"]["completed"] == 12
+    checks = {c["name"]: c["pass"] for c in doc["checks"]}
+    assert checks["b-graphs agrees with c-graphs"] and checks["c-graphs: starts and serves"]
+    assert checks["b-graphs: SM120 view in every SGLang process"]
+    assert checks["c-graphs: native paths (no SM120 view)"]
+    # the stand-in has no patch layer and loads no model: these must fail, not pass by default
+    assert not checks["b-graphs: our start-up line in every SGLang process"]
+    assert not checks["b-graphs: seeded dummy weights in each of the 1 TP worker(s)"]
+    assert (out / "e2e_logs.tar.xz").is_file() and "## Checks" in open(out / "e2e_table.md").read()
+    logs = open(work / "logs" / "b-graphs.log").read()
+    assert "weights initialiser: seeded_dummy_weights" in logs and "SM120 view of SGLang" in logs
+
+
+def test_dry_run_catches_a_token_difference(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_bundle(str(work))
+    r = _run(work, out, "--sessions", "c-eager,b-eager", env={"FAKE_TOKEN_SHIFT": "5"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    checks = {c["name"]: c for c in json.load(open(out / "e2e.json"))["checks"]}
+    assert not checks["b-eager agrees with c-eager"]["pass"]
+    assert "16 clear differences" in checks["b-eager agrees with c-eager"]["detail"]

@@ -1,0 +1,125 @@
+"""Server-log parsing, the report's checks on synthetic sessions (which must be able to fail), and a finished run's
+e2e.json where one is given (DSV4_E2E_RESULTS, else benchmarks/results/e2e.json)."""
+import json
+import os
+
+import pytest
+
+import e2e_env  # noqa: F401
+import model_config
+import report
+import server
+import setups
+from e2e_env import ROOT
+
+B_LOG = """
+[dsv4-e2e-shim] pid 10 (launch_server.py): SM120 view of SGLang 0.5.17: ...; dummy weights: seeded (...)
+[deepseek_v4_kernel 0.1.0] active: forced by DSV4_KERNEL_FORCE=1 on 1 GPU(s) sm_90 (NVIDIA H200); SGLang 0.5.17; 14 targets
+[dsv4-e2e-shim] pid 11 (-c): SM120 view of SGLang 0.5.17: ...
+[deepseek_v4_kernel 0.1.0] active: forced by DSV4_KERNEL_FORCE=1 on 1 GPU(s) sm_90 (NVIDIA H200); SGLang 0.5.17; 14 targets
+[2026-11-30] INFO deepseek_v4_kernel: set SGLANG_OPT_DEEPGEMM_HC_PRENORM=1 (hc_prenorm) again
+[2026-11-30] INFO deepseek_v4_kernel: patched sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120 -> deepseek_v4_kernel.ops.sparse_decode:flash_mla_with_kvcache_sm120
+[2026-11-30] INFO deepseek_v4_kernel: patched sglang.kernels.ops.attention.dsa.tilelang_kernel.tilelang_fp8_paged_mqa_logits -> x:y
+[2026-11-30] INFO deepseek_v4_kernel: patched sglang.srt.layers.quantization.fp8.Fp8MoEMethod.apply -> x:y
+[2026-11-30] WARNING deepseek_v4_kernel: fp4_moe: handing this call back to the original sglang.srt.layers.quantization.fp8.Fp8MoEMethod.apply: case
+[dsv4-e2e-shim] pid 11: seeded dummy weights (seed 0): 10 parameters
+[2026-11-30] INFO deepseek_v4_kernel: sparse_decode: first call ran mma64ws
+[2026-11-30] INFO deepseek_v4_kernel: indexer_logits: first call ran triton_paged
+[2026-11-30] INFO deepseek_v4_kernel: hc_prenorm: first call ran cuda
+[2026-11-30] INFO deepseek_v4_kernel: fp4_moe: first call ran cuda_decode
+"""
+
+
+def test_parse_log():
+    got = server.parse_log(B_LOG)
+    assert got["shim_processes"] == 2 and got["dsv4_startup_lines"] == 2
+    assert got["env_set"] == ["SGLANG_OPT_DEEPGEMM_HC_PRENORM=1"]
+    assert len(got["patched"]) == 3 and got["weights_seeded_processes"] == 1
+    assert sum(got["handback_warnings"].values()) == 1 and got["error_lines"] == 0
+    assert got["ran"] == ["fp4_moe:cuda_decode", "hc_prenorm:cuda", "indexer_logits:triton_paged", "sparse_decode:mma64ws"]
+
+
+def _session(setup, log_text, outputs):
+    return {"session": f"{setup}-graphs", "setup": setup, "cuda_graphs": True, "mtp": False, "started": True,
+            "served": True, "ready_s": 50.0, "outputs": outputs, "log": server.parse_log(log_text)}
+
+
+def _outputs(tokens):
+    return [{"output_token_logprobs": [[-0.1, t] for t in toks],
+             "output_top_logprobs": [[[-0.1, t], [-3.0, 0]] for t in toks]} for toks in tokens]
+
+
+def _doc(b_log, b_tokens):
+    c_log = ("[dsv4-e2e-shim] pid 1 (launch_server.py): dummy weights: seeded\n"
+             "[dsv4-e2e-shim] pid 2 (-c): dummy weights: seeded\n"
+             "[dsv4-e2e-shim] pid 2: seeded dummy weights (seed 0): 10 parameters\n")
+    sessions = {"b-graphs": _session("b", b_log, _outputs(b_tokens)),
+                "c-graphs": _session("c", c_log, _outputs([[5, 6, 7], [8, 9, 10]]))}
+    weights = {"b-graphs": {"M": {"fingerprint": "f1"}}, "c-graphs": {"M": {"fingerprint": "f1"}}}
+    return report.build(sessions, weights, setups.make_setups(), margin=0.1, logprob_tol=0.1, tp=1, seed=0,
+                        config=model_config.make_config())
+
+
+def test_report_passes_a_good_run():
+    doc = _doc(B_LOG, [[5, 6, 7], [8, 9, 10]])
+    failed = [c for c in doc["checks"] if not c["pass"]]
+    assert failed == [], failed
+    assert "| (b) SGLang 0.5.17, SM120 paths, with our patch |" in report.markdown(doc)
+
+
+def test_report_fails_an_op_that_never_ran():
+    doc = _doc(B_LOG.replace("fp4_moe: first call ran cuda_decode", "-"), [[5, 6, 7], [8, 9, 10]])
+    failed = {c["name"]: c["detail"] for c in doc["checks"] if not c["pass"]}
+    assert "never ran: ['fp4_moe']" in failed["b-graphs: each of our ops ran (its first call logged)"]
+
+
+def test_report_fails_a_missing_patch_and_a_clear_difference():
+    log = B_LOG.replace("patched sglang.srt.layers.quantization.fp8.Fp8MoEMethod.apply", "skipped")
+    doc = _doc(log, [[5, 6, 7], [8, 42, 10]])
+    failed = {c["name"] for c in doc["checks"] if not c["pass"]}
+    assert "b-graphs: the log names each op's target patched" in failed
+    assert "b-graphs agrees with c-graphs" in failed
+
+
+def test_report_fails_different_weights_and_a_missing_startup_line():
+    doc = _doc(B_LOG.replace("[deepseek_v4_kernel 0.1.0] active", "x", 1), [[5, 6, 7], [8, 9, 10]])
+    assert any(not c["pass"] and "start-up line" in c["name"] for c in doc["checks"])
+    weights = {"b-graphs": {"M": {"fingerprint": "f1"}}, "c-graphs": {"M": {"fingerprint": "f2"}}}
+    checks = report.checks({}, weights, [], 1)
+    assert [c["pass"] for c in checks] == [False]
+
+
+def test_op_classification():
+    import workloads
+
+    assert workloads.classify_kernel("dsv4_sparse_decode_mma64_kernel") == "sparse_mla"
+    assert workloads.classify_kernel("_fp8_paged_mqa_logits_kernel") == "indexer_logits"
+    assert workloads.classify_kernel("fp4_moe_dequant_gemm1") == "moe_experts"
+    shares = workloads.op_shares({"a_moe": 30.0, "flash_mla_decode": 70.0})
+    assert shares["share"] == {"sparse_mla": 0.7, "moe_experts": 0.3}
+
+
+def _finished_run():
+    path = os.environ.get("DSV4_E2E_RESULTS", os.path.join(ROOT, "benchmarks", "results", "e2e.json"))
+    if not os.path.isfile(path):
+        pytest.skip(f"no finished end-to-end run at {path} (set DSV4_E2E_RESULTS to one)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_finished_run_checks_pass():
+    doc = _finished_run()
+    failed = [f"{c['name']}: {c['detail']}" for c in doc["checks"] if not c["pass"]]
+    assert failed == []
+
+
+def test_finished_run_covers_the_issue():
+    doc = _finished_run()
+    names = set(doc["sessions"])
+    for needed in ("a-graphs", "b-graphs", "c-graphs", "a-eager", "b-eager", "c-eager"):
+        assert needed in names, f"session {needed} missing"
+    pairs = {(c["candidate"], c["reference"]) for c in doc["comparisons"]}
+    assert ("b-graphs", "c-graphs") in pairs and ("a-graphs", "c-graphs") in pairs
+    assert {r["setup"] for r in doc["throughput"]} == {"a", "b", "c"}
+    assert (doc.get("profile_b") or {}).get("share"), "no per-op profile of (b)"
+    assert any(s.get("soak") for s in doc["sessions"].values()), "no soak session"

@@ -1,0 +1,226 @@
+"""Turn the harness's session results into benchmarks/results/e2e.json's layout, its checks, a table and a plot.
+
+Layout of e2e.json:
+  harness:      SGLang version, TP size, seed, margins, the model's layer kinds
+  setups:       per setup (a, b, c): title, what runs each piece (sparse MLA, indexer, mHC pre-norm, MoE, FP8 linears)
+  sessions:     per session (<setup>-<graphs|eager>[-mtp][-soak]): start-up time, served, log findings (shim lines,
+                our start-up lines, targets patched, hand-back warnings, error lines), weight fingerprints,
+                throughput, profile, soak; the raw outputs stay in the work dir
+  comparisons:  candidate vs reference summaries (compare.py)
+  throughput:   rows of the table, per setup
+  checks:       [{name, pass, detail}], what the issue asks, each pass/fail
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import compare as cmp
+from model_config import layer_kinds
+
+SGLANG_VERSION = "0.5.17"
+# the targets of each op that must show "patched" in (b)'s log for SGLang 0.5.17 (deepseek_v4_kernel/patch/targets.py)
+OP_TARGETS = {
+    "sparse_decode": ("sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120",),
+    "indexer_logits": ("sglang.kernels.ops.attention.dsa.tilelang_kernel.tilelang_fp8_paged_mqa_logits",
+                       "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120"),
+    "fp4_moe": ("sglang.srt.layers.quantization.fp8.Fp8MoEMethod.apply",),
+    "hc_prenorm": ("sglang.srt.layers.deep_gemm_wrapper.entrypoint.tf32_hc_prenorm_gemm",
+                   "deep_gemm.tf32_hc_prenorm_gemm", "SGLANG_OPT_DEEPGEMM_HC_PRENORM=1"),
+}
+SOAK_GPU_GROWTH_MIB = 256     # after warm-up; SGLang preallocates its pools, so GPU memory should not move
+SOAK_RSS_GROWTH_FRACTION = 0.10
+
+
+def _steps(outputs: List[dict]) -> List[List[cmp.Step]]:
+    return [[cmp.Step(int(tok), float(lp), [(float(t[0]), int(t[1])) for t in top])
+             for (lp, tok), top in zip(o["output_token_logprobs"], o["output_top_logprobs"])] for o in outputs]
+
+
+def comparisons(sessions: Dict[str, dict], margin: float, logprob_tol: float) -> List[dict]:
+    pairs = []
+    for variant in ("graphs", "eager"):
+        for cand in ("b", "a"):
+            pairs.append((f"{cand}-{variant}", f"c-{variant}"))
+    pairs += [("b-graphs-mtp", "c-graphs"), ("c-graphs-mtp", "c-graphs"),
+              ("b-graphs", "b-eager"), ("c-graphs", "c-eager")]
+    out = []
+    for cand, ref in pairs:
+        c, r = sessions.get(cand, {}).get("outputs"), sessions.get(ref, {}).get("outputs")
+        if not c or not r:
+            continue
+        res = cmp.compare(cand, _steps(c), ref, _steps(r), margin, logprob_tol)
+        out.append(res.summary())
+    return out
+
+
+def _check(name: str, ok: bool, detail: str) -> dict:
+    return {"name": name, "pass": bool(ok), "detail": detail}
+
+
+def checks(sessions: Dict[str, dict], weights: Dict[str, dict], comps: List[dict], tp: int) -> List[dict]:
+    out = []
+    for name, s in sorted(sessions.items()):
+        if s.get("soak") is None:
+            out.append(_check(f"{name}: starts and serves", s.get("started") and s.get("served"),
+                              s.get("error") or f"ready in {s.get('ready_s', 0):.0f} s"))
+        lg = s.get("log", {})
+        lines = lg.get("shim_lines", [])
+        if s.get("started"):
+            out.append(_check(f"{name}: seeded dummy weights in each of the {tp} TP worker(s)",
+                              lg.get("weights_seeded_processes") == tp,
+                              f"{lg.get('weights_seeded_processes')} process(es) seeded their weights"))
+        if s["setup"] in ("a", "b"):
+            ok = lg.get("shim_processes", 0) >= 2 and all("SM120 view" in ln for ln in lines)
+            out.append(_check(f"{name}: SM120 view in every SGLang process", ok,
+                              f"{lg.get('shim_processes', 0)} processes; {lines[:2]}"))
+        else:
+            out.append(_check(f"{name}: native paths (no SM120 view)", not any("SM120 view" in ln for ln in lines),
+                              f"{lg.get('shim_processes', 0)} processes"))
+        if s["setup"] == "b":
+            n_ours, n_shim = lg.get("dsv4_startup_lines", 0), lg.get("shim_processes", 0)
+            active = all(" active:" in ln for ln in lg.get("dsv4_startup_examples", []))
+            out.append(_check(f"{name}: our start-up line in every SGLang process",
+                              n_ours >= 2 and n_ours == n_shim and active,
+                              f"{n_ours} start-up lines, {n_shim} processes; {lg.get('dsv4_startup_examples', [])[:1]}"))
+            done = set(lg.get("patched", [])) | set(lg.get("env_set", []))
+            missing = [op for op, targets in OP_TARGETS.items() if not done.intersection(targets)]
+            out.append(_check(f"{name}: the log names each op's target patched", not missing,
+                              f"patched: {sorted(done)}" + (f"; no target of {missing}" if missing else "")))
+            ran = {r.split(":")[0] for r in lg.get("ran", [])}
+            not_ran = [op for op in OP_TARGETS if op not in ran]
+            out.append(_check(f"{name}: each of our ops ran (its first call logged)", not not_ran,
+                              f"ran: {lg.get('ran', [])}" + (f"; never ran: {not_ran}" if not_ran else "")))
+        if s.get("soak") is not None:
+            sk = s["soak"]
+            mem = sk.get("memory", {})
+            gpu = (mem.get("gpu_mib") or {}).get("growth_mib")
+            rss = mem.get("rss_mib") or {}
+            rss_frac = (rss["growth_mib"] / rss["after_warmup"]) if rss.get("after_warmup") else None
+            out.append(_check(f"{name}: {sk['requests']} requests, 0 failed", sk["failed"] == 0 and
+                              sk["completed"] == sk["requests"], f"{sk['completed']} completed, {sk['failed']} failed, "
+                              f"{sk['skipped']} skipped; {sk.get('failures', [])[:3]}"))
+            out.append(_check(f"{name}: 0 server errors", lg.get("error_lines", 1) == 0,
+                              f"{lg.get('error_lines')} error lines in the log"))
+            out.append(_check(f"{name}: memory flat after warm-up",
+                              mem.get("enough_samples") and gpu is not None and gpu <= SOAK_GPU_GROWTH_MIB
+                              and rss_frac is not None and rss_frac <= SOAK_RSS_GROWTH_FRACTION,
+                              f"GPU growth {gpu} MiB (limit {SOAK_GPU_GROWTH_MIB}), host RSS growth "
+                              f"{rss_frac if rss_frac is None else f'{rss_frac:.1%}'} (limit "
+                              f"{SOAK_RSS_GROWTH_FRACTION:.0%})"))
+    prints = {}
+    for name, models in weights.items():
+        for model, rec in models.items():
+            prints.setdefault(model, {}).setdefault(rec["fingerprint"], []).append(name)
+    for model, by_print in prints.items():
+        out.append(_check(f"same dummy weights in every session ({model})", len(by_print) == 1,
+                          "; ".join(f"{fp}: {sorted(names)}" for fp, names in by_print.items())))
+    for c in comps:
+        out.append(_check(f"{c['candidate']} agrees with {c['reference']}", c["pass"],
+                          f"{c['identical_prompts']}/{c['prompts']} prompts identical, "
+                          f"{c['allowed_differences']} near-tie and {c['disallowed_differences']} clear differences, "
+                          f"{c['logprob_violations']} logprobs over {c['logprob_tol']} (max {c['max_logprob_diff']:.3g})"))
+    return out
+
+
+def throughput_rows(sessions: Dict[str, dict]) -> List[dict]:
+    rows = []
+    for key in ("a", "b", "c"):
+        t = sessions.get(f"{key}-graphs", {}).get("throughput")
+        if not t:
+            continue
+        row = {"setup": key}
+        for d in t.get("decode", []):
+            row[f"decode_c{d['concurrency']}_tok_s"] = d["aggregate_tok_s"]
+        for p in t.get("prefill", []):
+            row[f"prefill_{p['prompt_tokens'] // 1024}k_tok_s"] = p["prefill_tok_s"]
+        row["decode_64k_tok_s"] = (t.get("decode_64k") or {}).get("per_stream_tok_s")
+        row["decode_64k_vs_2k"] = t.get("decode_64k_vs_2k")
+        rows.append(row)
+    return rows
+
+
+def build(sessions: Dict[str, dict], weights: Dict[str, dict], setups, *, margin: float, logprob_tol: float,
+          tp: int, seed: int, config: dict) -> dict:
+    comps = comparisons(sessions, margin, logprob_tol)
+    slim = {name: {k: v for k, v in s.items() if k != "outputs"} for name, s in sessions.items()}
+    return {
+        "harness": {"sglang": SGLANG_VERSION, "tp": tp, "seed": seed, "margin_nats": margin,
+                    "logprob_tol_nats": logprob_tol, "layers": layer_kinds(config),
+                    "mtp_layers": config.get("num_nextn_predict_layers")},
+        "setups": {k: {"title": s.title, "moe_runner": s.moe_runner, "server_args": list(s.server_args),
+                       "env": dict(s.env), "pieces": s.pieces} for k, s in setups.items()},
+        "sessions": slim,
+        "comparisons": comps,
+        "throughput": throughput_rows(sessions),
+        "profile_b": (sessions.get("b-graphs") or {}).get("profile"),
+        "checks": checks(sessions, weights, comps, tp),
+    }
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) and v < 10 else (f"{v:.0f}" if isinstance(v, float) else str(v))
+
+
+def markdown(doc: dict) -> str:
+    out = ["## What ran (SGLang 0.5.17, TP %d)" % doc["harness"]["tp"], "",
+           "| setup | sparse MLA | indexer logits | mHC pre-norm | MoE experts | FP8 linears |", "|---|---|---|---|---|---|"]
+    for k, s in doc["setups"].items():
+        p = s["pieces"]
+        out.append(f"| ({k}) {s['title']} | {p['sparse_mla']} | {p['indexer_logits']} | {p['hc_prenorm']} | "
+                   f"{p['moe']} | {p['fp8_linear']} |")
+    rows = doc["throughput"]
+    if rows:
+        cols = ["decode_c1_tok_s", "decode_c8_tok_s", "decode_c32_tok_s", "prefill_2k_tok_s", "prefill_32k_tok_s",
+                "decode_64k_tok_s", "decode_64k_vs_2k"]
+        out += ["", "## Throughput (CUDA graphs on)", "", "| setup | " + " | ".join(cols) + " |",
+                "|---" * (len(cols) + 1) + "|"]
+        for r in rows:
+            out.append(f"| {r['setup']} | " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    prof = doc.get("profile_b") or {}
+    if prof.get("share"):
+        out += ["", "## (b) decode step, share of GPU kernel time per op", "",
+                "| op | share |", "|---|---|"] + [f"| {k} | {v:.1%} |" for k, v in prof["share"].items()]
+    for name, s in sorted(doc["sessions"].items()):
+        hb = (s.get("log") or {}).get("handback_warnings") or {}
+        if s.get("setup") == "b":
+            out.append(f"\n{name}: {sum(hb.values())} hand-back warning(s)" + "".join(f"\n- {k}" for k in hb))
+    out += ["", "## Checks", "", "| check | result | detail |", "|---|---|---|"]
+    for c in doc["checks"]:
+        out.append(f"| {c['name']} | {'pass' if c['pass'] else 'FAIL'} | {c['detail'][:300]} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(doc: dict, path: str) -> Optional[str]:
+    """Bars of decode and prefill tok/s per setup; None where matplotlib is missing or nothing was measured."""
+    rows = doc["throughput"]
+    if not rows:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    groups = [("decode tok/s (2K context)", ["decode_c1_tok_s", "decode_c8_tok_s", "decode_c32_tok_s"],
+               ["conc 1", "conc 8", "conc 32"]),
+              ("prefill tok/s", ["prefill_2k_tok_s", "prefill_32k_tok_s"], ["2K", "32K"]),
+              ("decode tok/s, one stream", ["decode_c1_tok_s", "decode_64k_tok_s"], ["2K ctx", "64K ctx"])]
+    fig, axes = plt.subplots(1, len(groups), figsize=(15, 4.5))
+    width = 0.8 / len(rows)
+    for ax, (title, cols, labels) in zip(axes, groups):
+        for i, r in enumerate(rows):
+            vals = [r.get(c) or 0 for c in cols]
+            ax.bar([x + i * width for x in range(len(cols))], vals, width, label=f"({r['setup']})")
+        ax.set_xticks([x + width * (len(rows) - 1) / 2 for x in range(len(cols))])
+        ax.set_xticklabels(labels)
+        ax.set_title(title)
+    axes[0].legend()
+    fig.suptitle(f"DeepSeek-V4-Flash widths, {len(doc['harness']['layers'])} layers, SGLang 0.5.17, "
+                 f"TP {doc['harness']['tp']}: (a) stock SM120 paths, (b) with our patch, (c) native sm_90")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path

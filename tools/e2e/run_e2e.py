@@ -1,0 +1,406 @@
+"""The end-to-end harness on the GPU test machine: one script, stages chosen by arguments.
+
+    python3 tools/e2e/run_e2e.py --stages prepare,run,report --sessions c-graphs,b-graphs,a-graphs --out "$OUT"
+
+Stages (each call runs the stages it names, and ``report`` always writes what is known so far to --out):
+* ``fetch``: copy the bundle parts carried in this call (``.e2e/parts/*``) to <work>/parts (parts arrive over
+  several calls while the machine stays warm);
+* ``prepare``: check every part against tools/e2e/bundle_manifest.json, unpack them (once), build our library into
+  <work>/dsv4 (``DSV4_KERNEL_EXTRA_ARCHS=90a scripts/build.sh``, once), write the model config;
+* ``run``: for each session (``<setup>-<graphs|eager>[-mtp]``, setups a/b/c of setups.py) start
+  ``python3 -m sglang.launch_server`` with the setup's environment, send the correctness requests (16 prompts x 32
+  greedy tokens, logprobs and top-2), and in ``<setup>-graphs`` sessions with --throughput the throughput table,
+  with --profile the per-op profile of (b)'s decode step, then stop the server (its whole process group);
+  ``--soak N`` runs a separate ``b-graphs-soak`` session;
+* ``report``: compare the sessions' outputs, run the checks, write e2e.json, e2e_table.md, e2e_throughput.png
+  (if matplotlib is there) and e2e_logs.tar.xz to --out.
+Results of earlier calls stay in <work>/results, so the sessions can be spread over calls of at most 10 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import model_config  # noqa: E402
+import server as srv  # noqa: E402
+import setups as st  # noqa: E402
+import workloads as wl  # noqa: E402
+
+MANIFEST = os.path.join(HERE, "bundle_manifest.json")
+STAGES = ("fetch", "prepare", "run", "report")
+DEFAULT_SESSIONS = "c-graphs,b-graphs,a-graphs,c-eager,b-eager,a-eager,c-graphs-mtp,b-graphs-mtp"
+SESSION_START_BUDGET_S = 150  # a server's start-up with dummy weights and graph capture, measured ~50-90 s
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------- fetch / prepare
+def stage_fetch(work: str) -> None:
+    src = os.path.join(REPO, ".e2e", "parts")
+    dst = os.path.join(work, "parts")
+    os.makedirs(dst, exist_ok=True)
+    names = sorted(os.listdir(src)) if os.path.isdir(src) else []
+    for name in names:
+        shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+    log(f"fetch: {len(names)} part(s) copied to {dst}: {' '.join(names) or '-'}; now there: "
+        f"{' '.join(sorted(os.listdir(dst)))}")
+
+
+def unpack_group(work: str, group: str, record: dict) -> None:
+    import lzma
+
+    marker = os.path.join(work, f".unpacked-{group}")
+    digest = "".join(p["sha256"] for p in record["parts"])
+    if os.path.isfile(marker) and open(marker).read() == digest:
+        log(f"prepare: {group} already unpacked")
+        return
+    paths = []
+    for part in record["parts"]:
+        path = os.path.join(work, "parts", part["file"])
+        if not os.path.isfile(path):
+            raise SystemExit(f"prepare: part {part['file']} of group {group} is missing in {work}/parts "
+                             f"(carry it in a call with --stages fetch first)")
+        if sha256(path) != part["sha256"]:
+            raise SystemExit(f"prepare: {path} does not match the manifest's sha256 (expected {part['sha256']})")
+        paths.append(path)
+    dest = os.path.join(work, record["dest"])
+    os.makedirs(dest, exist_ok=True)
+
+    class Joined:  # the parts read as one stream
+        def __init__(self, files):
+            self.files, self.f = list(files), None
+
+        def read(self, n=-1):
+            while True:
+                if self.f is None:
+                    if not self.files:
+                        return b""
+                    self.f = open(self.files.pop(0), "rb")
+                data = self.f.read(n)
+                if data:
+                    return data
+                self.f.close()
+                self.f = None
+
+    t0 = time.time()
+    with lzma.LZMAFile(Joined(paths)) as xz, tarfile.open(fileobj=xz, mode="r|") as tar:
+        tar.extractall(dest, filter="tar")  # members carry plain paths and modes (build_bundle.py)
+    # The tilelang group carries z3-solver's libz3 as <site>/z3/lib (libtilelang finds it there); without a Python
+    # package it is a namespace package that `import z3` finds, and torch.compile (SGLang compiles its top-k
+    # post-processing) then calls z3's missing API. An __init__ that raises ImportError keeps `import z3` failing
+    # as on a machine without z3-solver; the library stays where libtilelang looks.
+    z3_dir = os.path.join(dest, "z3")
+    if os.path.isdir(z3_dir) and not os.path.isfile(os.path.join(z3_dir, "__init__.py")):
+        with open(os.path.join(z3_dir, "__init__.py"), "w") as f:
+            f.write("raise ImportError('z3-solver: only its library is bundled (for tilelang), not its Python API')\n")
+    with open(marker, "w") as f:
+        f.write(digest)
+    log(f"prepare: {group} unpacked into {dest} ({time.time() - t0:.0f} s)")
+
+
+WARM_DONE = "{w}/.warm-marlin"
+WARM_MARLIN = ("import torch\n"
+               "from sglang.kernels.ops.moe.moe_wna16_marlin import _jit_moe_wna16_marlin_module\n"
+               "_jit_moe_wna16_marlin_module(torch.bfloat16, False, False)\n"
+               "print('marlin MoE JIT module ready')\n")
+
+
+def start_marlin_warmup(args, paths: st.Paths) -> Optional[subprocess.Popen]:
+    """Compile SGLang's Marlin MoE JIT module (bf16, no EP, no bias: moe_wna16_marlin.py:139's arguments at TP without
+    EP) in the background while our library builds; it lands in the tvm-ffi cache (TVM_FFI_CACHE_DIR or
+    ~/.cache/tvm-ffi), which the servers of (a) and (c) then load instead of compiling at their first request."""
+    if not os.path.isdir(os.path.join(paths.site, "sglang")):
+        return None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([paths.tf, paths.site]))
+    os.makedirs(os.path.join(args.work, "logs"), exist_ok=True)
+    out = open(os.path.join(args.work, "logs", "warm_marlin.log"), "w")
+    log("prepare: compiling the Marlin MoE JIT module in the background")
+    # its own session: a device call ends the processes it leaves, except those (the compile may outlast the call)
+    proc = subprocess.Popen([sys.executable, "-c", WARM_MARLIN + f"open({WARM_DONE!r}.format(w={args.work!r}), 'w')"],
+                            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=os.path.join(args.work, "logs"),
+                            start_new_session=True)
+    with open(os.path.join(args.work, ".warm-marlin.pid"), "w") as f:
+        f.write(str(proc.pid))
+    return proc
+
+
+def wait_for_marlin_warmup(work: str, deadline: float) -> None:
+    """A server of (a) or (c) started while the warm-up still compiles would compile the same module beside it."""
+    try:
+        pid = int(open(os.path.join(work, ".warm-marlin.pid")).read())
+    except (OSError, ValueError):
+        return
+    while os.path.exists(f"/proc/{pid}") and time.time() < deadline - SESSION_START_BUDGET_S:
+        time.sleep(2)
+
+
+def stage_prepare(args, paths: st.Paths, sessions: List[str], deadline: float) -> None:
+    with open(MANIFEST) as f:
+        manifest = json.load(f)
+    absent = []
+    for group, record in manifest["groups"].items():
+        parts_here = all(os.path.isfile(os.path.join(args.work, "parts", p["file"])) for p in record["parts"])
+        if parts_here or os.path.isfile(os.path.join(args.work, f".unpacked-{group}")):
+            unpack_group(args.work, group, record)
+        else:
+            absent.append(group)
+    if absent:
+        log(f"prepare: parts of {absent} not here yet (a later call carries them); the rest is unpacked")
+    missing = [m for m in ("torch", "triton", "torchvision", "numpy", "safetensors", "aiohttp", "requests", "psutil")
+               if subprocess.run([sys.executable, "-c", f"import importlib.util,sys; "
+                                  f"sys.exit(importlib.util.find_spec('{m}') is None)"]).returncode]
+    if missing:
+        raise SystemExit(f"prepare: the machine lacks {missing}, which the bundle leaves to it (bundle_spec.py)")
+    warm = None
+    if args.moe_c == "marlin" and any(s.split("-")[0] in ("a", "c") for s in sessions) and \
+            not os.path.isfile(WARM_DONE.format(w=args.work)):
+        warm = start_marlin_warmup(args, paths)
+    if any(s.startswith("b-") for s in sessions):
+        so = os.path.join(paths.dsv4, "deepseek_v4_kernel", "_C.so")
+        if os.path.isfile(so) and not args.rebuild:
+            log(f"prepare: our library already built in {paths.dsv4}")
+        else:
+            env = dict(os.environ, DSV4_KERNEL_EXTRA_ARCHS="90a", DSV4_BUILD_DIR=paths.dsv4)
+            t0 = time.time()
+            r = subprocess.run(["bash", os.path.join(REPO, "scripts", "build.sh")], env=env, cwd=REPO,
+                               capture_output=True, text=True)
+            if r.returncode:
+                raise SystemExit(f"prepare: scripts/build.sh failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+            log(f"prepare: built our library into {paths.dsv4} ({time.time() - t0:.0f} s)")
+    path = model_config.write_config(paths.model)
+    log(f"prepare: model config {path}")
+    if warm is not None:
+        try:
+            rc = warm.wait(timeout=max(10.0, deadline - time.time() - SESSION_START_BUDGET_S))
+            log(f"prepare: Marlin MoE JIT warm-up exited {rc} (logs/warm_marlin.log)")
+        except subprocess.TimeoutExpired:
+            log("prepare: Marlin MoE JIT warm-up still compiling; it goes on between calls while the machine is warm")
+
+
+# ------------------------------------------------------------------------------------------------- run
+def parse_session(name: str):
+    parts = name.split("-")
+    if len(parts) < 2 or parts[0] not in st.SETUP_KEYS or parts[1] not in ("graphs", "eager") or \
+            any(p not in ("mtp", "soak") for p in parts[2:]):
+        raise ValueError(f"session {name!r}: expected <a|b|c>-<graphs|eager>[-mtp][-soak]")
+    return parts[0], parts[1] == "graphs", "mtp" in parts[2:], "soak" in parts[2:]
+
+
+def weight_fingerprint(weight_dir: str) -> dict:
+    files = sorted(os.listdir(weight_dir)) if os.path.isdir(weight_dir) else []
+    models = {}
+    for name in files:
+        with open(os.path.join(weight_dir, name)) as f:
+            rec = json.load(f)
+        rows = sorted((p["name"], tuple(p["shape"]), p["dtype"], p["rule"]) for p in rec["parameters"])
+        key = rec["model"]
+        digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+        models.setdefault(key, {"fingerprint": digest, "parameters": len(rows), "rows": rows})
+    return models
+
+
+def run_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str, port: int,
+                deadline: float) -> dict:
+    key, graphs, mtp, soak = parse_session(name)
+    setup = setups[key]
+    result: dict = {"session": name, "setup": key, "cuda_graphs": graphs, "mtp": mtp, "tp": args.tp,
+                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    weight_log = os.path.join(args.work, "weights", name)
+    shutil.rmtree(weight_log, ignore_errors=True)
+    env = st.server_env(setup, paths, dict(os.environ), args.seed, weight_log)
+    cmd = st.server_command(setup, paths, port=port, tp=args.tp, cuda_graphs=graphs, mtp=mtp, seed=args.seed,
+                            python=sys.executable)
+    result["command"] = " ".join(cmd)
+    result["env"] = {k: v for k, v in env.items() if k.startswith(("DSV4_", "SGLANG_", "PYTHONPATH", "NCCL_"))}
+    log_path = os.path.join(args.work, "logs", f"{name}.log")
+    server = srv.Server(cmd, env, log_path, port, cwd=os.path.dirname(log_path))  # not the work dir: its folders would sit first on sys.path
+    t0 = time.time()
+    server.start()
+    try:
+        result["ready_s"] = server.wait_ready(min(args.startup_timeout_s, max(30.0, deadline - time.time())))
+        result["started"] = True
+        log(f"{name}: ready in {result['ready_s']:.0f} s")
+        if soak:
+            result["soak"] = wl.soak(server.url, server.proc.pid, args.seed, args.soak, args.soak_concurrency,
+                                     deadline=deadline - 20)
+            s = result["soak"]
+            log(f"{name}: soak {s['completed']}/{s['requests']} done, {s['failed']} failed, {s['wall_s']:.0f} s")
+        else:
+            prompts = wl.correctness_prompts(args.seed, args.prompts)
+            t1 = time.time()
+            try:
+                result["outputs"] = wl.run_correctness(server.url, prompts, args.new_tokens)
+            except srv.ServerError as e:
+                if not mtp:
+                    raise
+                # speculative decoding may refuse logprobs: compare the tokens alone then
+                result["logprob_error"] = str(e)[:500]
+                result["outputs"] = wl.run_correctness(server.url, prompts, args.new_tokens, logprobs=False)
+            result["correctness_s"] = time.time() - t1
+            result["served"] = all(o["completion_tokens"] == args.new_tokens for o in result["outputs"])
+            log(f"{name}: {len(prompts)} prompts x {args.new_tokens} tokens in {result['correctness_s']:.1f} s "
+                f"(served: {result['served']})")
+            if graphs and not mtp and args.throughput and time.time() < deadline - 60:
+                t1 = time.time()
+                result["throughput"] = wl.throughput(server.url, args.seed, quick=args.quick)
+                log(f"{name}: throughput in {time.time() - t1:.0f} s: " + summarize_throughput(result["throughput"]))
+            if key == "b" and graphs and not mtp and args.profile and time.time() < deadline - 60:
+                result["profile"] = wl.profile_decode(server.url, args.seed,
+                                                      os.path.join(args.work, "profile", name))
+                share = result["profile"].get("share", {})
+                log(f"{name}: profile: " + (", ".join(f"{k} {v:.0%}" for k, v in share.items())
+                                            or result["profile"].get("error", "?")))
+    except Exception as e:  # noqa: BLE001 - the session's failure is a result, the next session still runs
+        result["error"] = f"{type(e).__name__}: {e}"[:4000]
+        result.setdefault("started", False)
+        log(f"{name}: FAILED: {str(e).splitlines()[0][:300]}")
+    finally:
+        result["alive_at_end"] = server.alive()
+        server.stop()
+        result["wall_s"] = time.time() - t0
+    with open(log_path, errors="replace") as f:
+        result["log"] = srv.parse_log(f.read())
+    result["weights"] = {m: {k: v for k, v in rec.items() if k != "rows"}
+                         for m, rec in weight_fingerprint(weight_log).items()}
+    return result
+
+
+def summarize_throughput(t: dict) -> str:
+    bits = [f"decode c{d['concurrency']} {d['aggregate_tok_s'] or 0:.0f} tok/s" for d in t.get("decode", [])]
+    bits += [f"prefill {p['prompt_tokens'] // 1024}K {p['prefill_tok_s']:.0f} tok/s" for p in t.get("prefill", [])]
+    if t.get("decode_64k_vs_2k"):
+        bits.append(f"64K/2K decode {t['decode_64k_vs_2k']:.2f}")
+    return ", ".join(bits)
+
+
+def stage_run(args, paths: st.Paths, sessions: List[str], deadline: float) -> None:
+    setups = st.make_setups(args.moe_c)
+    results_dir = os.path.join(args.work, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    for i, name in enumerate(sessions):
+        if name.split("-")[0] in ("a", "c") and args.moe_c == "marlin":
+            wait_for_marlin_warmup(args.work, deadline)
+        left = deadline - time.time()
+        if left < SESSION_START_BUDGET_S:
+            log(f"{name}: skipped, {left:.0f} s left in this call (run it in the next call)")
+            continue
+        log(f"{name}: starting ({left:.0f} s left)")
+        result = run_session(args, paths, setups, name, args.port + i, deadline)
+        with open(os.path.join(results_dir, f"{name}.json"), "w") as f:
+            json.dump(result, f)
+
+
+# ------------------------------------------------------------------------------------------------- report
+def stage_report(args) -> None:
+    import report
+
+    results_dir = os.path.join(args.work, "results")
+    sessions = {}
+    for name in sorted(os.listdir(results_dir)) if os.path.isdir(results_dir) else []:
+        with open(os.path.join(results_dir, name)) as f:
+            rec = json.load(f)
+        sessions[rec["session"]] = rec
+    weights = {name: weight_fingerprint(os.path.join(args.work, "weights", name)) for name in sessions}
+    doc = report.build(sessions, weights, st.make_setups(args.moe_c), margin=args.margin,
+                       logprob_tol=args.logprob_tol, tp=args.tp, seed=args.seed,
+                       config=model_config.make_config())
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "e2e.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    table = report.markdown(doc)
+    with open(os.path.join(args.out, "e2e_table.md"), "w") as f:
+        f.write(table)
+    plot = report.plot(doc, os.path.join(args.out, "e2e_throughput.png"))
+    logs_dir = os.path.join(args.work, "logs")
+    if os.path.isdir(logs_dir):
+        with tarfile.open(os.path.join(args.out, "e2e_logs.tar.xz"), "w:xz") as tar:
+            tar.add(logs_dir, arcname="logs")
+            if os.path.isdir(os.path.join(args.work, "weights")):
+                tar.add(os.path.join(args.work, "weights"), arcname="weights")
+    print(table)
+    log(f"report: {len(sessions)} session(s); checks {sum(c['pass'] for c in doc['checks'])}/{len(doc['checks'])} "
+        f"passed; plot: {plot or 'not drawn'}; files in {args.out}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stages", default="prepare,run,report", help=f"comma separated, of {', '.join(STAGES)}")
+    ap.add_argument("--sessions", default=DEFAULT_SESSIONS, help="comma separated <a|b|c>-<graphs|eager>[-mtp]")
+    ap.add_argument("--work", default="/tmp/e2e", help="work directory on the GPU machine (bundle, builds, results)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "e2e_out"), help="where the result files go ($OUT)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs per server)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the dummy weights and the prompts")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--margin", type=float, default=0.1, help="nats: (c)'s top-2 logprob gap under which a "
+                    "different token is allowed")
+    ap.add_argument("--logprob-tol", type=float, default=0.1, help="nats: chosen-token logprob agreement")
+    ap.add_argument("--throughput", action="store_true", help="throughput table in the <setup>-graphs sessions")
+    ap.add_argument("--profile", action="store_true", help="per-op profile of (b)'s decode step")
+    ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats in the throughput stage")
+    ap.add_argument("--soak", type=int, default=0, help="requests of the b-graphs-soak session (0: none)")
+    ap.add_argument("--soak-concurrency", type=int, default=32)
+    ap.add_argument("--moe-c", default="marlin", choices=("marlin", "flashinfer_mxfp4"),
+                    help="MoE runner of the native setup (c)")
+    ap.add_argument("--port", type=int, default=30100)
+    ap.add_argument("--startup-timeout-s", type=float, default=420)
+    ap.add_argument("--deadline-s", type=float, default=570, help="stop starting sessions this long after launch "
+                    "(a device call may run 600 s)")
+    ap.add_argument("--rebuild", action="store_true", help="build our library again")
+    args = ap.parse_args(argv)
+    stages = [s for s in args.stages.split(",") if s]
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        ap.error(f"--stages: unknown {bad}; expected some of {', '.join(STAGES)}")
+    if args.tp < 1:
+        ap.error(f"--tp must be >= 1, got {args.tp}")
+    sessions = [s for s in args.sessions.split(",") if s]
+    try:
+        for s in sessions:
+            parse_session(s)
+    except ValueError as e:
+        ap.error(f"--sessions: {e}")
+    if args.soak > 0 and "b-graphs-soak" not in sessions:
+        sessions.append("b-graphs-soak")
+    if args.soak <= 0 and any(s.endswith("-soak") for s in sessions):
+        ap.error("a -soak session needs --soak N (the number of requests, e.g. 2000)")
+    deadline = time.time() + args.deadline_s
+    args.work = os.path.abspath(args.work)
+    paths = st.Paths(work=args.work, repo=REPO)
+    os.makedirs(args.work, exist_ok=True)
+    if "fetch" in stages:
+        stage_fetch(args.work)
+    if "prepare" in stages:
+        stage_prepare(args, paths, sessions, deadline)
+    if "run" in stages:
+        stage_run(args, paths, sessions, deadline)
+    if "report" in stages:
+        stage_report(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

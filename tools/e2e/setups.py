@@ -1,0 +1,165 @@
+"""The three setups of the end-to-end comparison and the server command of each (pure: no GPU, no SGLang import).
+
+(a) stock SGLang 0.5.17 on its SM120 paths (the harness's SM120 view); where SM120's default kernel is built for
+    sm_120 only, SGLang's own fallback for that piece, as an RTX PRO 6000 user could choose it;
+(b) (a) with our patch (build/dsv4 on the path, DSV4_KERNEL_FORCE=1 since the test GPU is not SM12x);
+(c) stock SGLang on the test GPU's native sm_90 paths: FlashMLA and DeepGEMM, DeepSeek's own kernels (the reference).
+
+The MoE piece (routed experts are MXFP4): SGLang 0.5.17 on SM120 picks ``flashinfer_mxfp4`` (overrides.py:1842),
+FlashInfer's CUTLASS MXFP8 x MXFP4 kernel, built for sm_120 only. Its ``triton`` runner cannot take MXFP4 experts: it
+passes the int8 weights as FP8 and stops at "Hidden size mismatch" (fp8.py:2296-2316 -> fused_moe.py:915). So
+(a) and (c) run SGLang's Marlin MXFP4 runner (``--moe-runner-backend marlin``: Mxfp4MarlinMoEMethod, allowed on
+sm90 and sm120, mxfp4_marlin_moe.py:143; mma.sync, W4A16), and (b) the triton runner, whose Fp8MoEMethod.apply our
+patch replaces. The native alternative for (c), ``flashinfer_mxfp4`` on sm90 (FlashInfer CUTLASS W4A16), is
+selectable with ``moe_c``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+SETUP_KEYS = ("a", "b", "c")
+
+
+@dataclass(frozen=True)
+class Setup:
+    key: str
+    title: str
+    sm120_view: bool
+    our_patch: bool
+    moe_runner: str
+    server_args: Tuple[str, ...] = ()
+    env: Tuple[Tuple[str, str], ...] = ()
+    pieces: Dict[str, str] = field(default_factory=dict)  # op -> what runs it (the results table)
+
+
+def make_setups(moe_c: str = "marlin") -> Dict[str, Setup]:
+    if moe_c not in ("marlin", "flashinfer_mxfp4"):
+        raise ValueError(f"moe_c must be 'marlin' or 'flashinfer_mxfp4', got {moe_c!r}")
+    sm120_fallbacks = (("SGLANG_SM120_FLASHMLA_BACKEND", "triton"),)
+    a = Setup(
+        "a", "stock SGLang 0.5.17, SM120 paths", sm120_view=True, our_patch=False, moe_runner="marlin",
+        server_args=("--moe-runner-backend", "marlin", "--fp8-gemm-backend", "triton"),
+        env=sm120_fallbacks,
+        pieces={
+            "sparse_mla": "SGLang's Triton SM120 kernel (SGLANG_SM120_FLASHMLA_BACKEND=triton; its default, "
+                          "FlashInfer's SM120 sparse MLA, is built for sm_120 only)",
+            "indexer_logits": "SGLang's TileLang kernel (SGLang sets SGLANG_OPT_USE_TILELANG_INDEXER on SM120)",
+            "hc_prenorm": "SGLang's non-DeepGEMM mHC path (SGLANG_OPT_DEEPGEMM_HC_PRENORM and TileLang mHC pre "
+                          "off on SM120)",
+            "moe": "SGLang's Marlin MXFP4 runner (--moe-runner-backend marlin; the SM120 default flashinfer_mxfp4 "
+                   "is built for sm_120 only, and the triton runner cannot run MXFP4 experts)",
+            "fp8_linear": "SGLang's Triton block-FP8 GEMM (--fp8-gemm-backend triton; the SM120 default, a JIT "
+                          "CUTLASS kernel, is built for sm_120 only)",
+        })
+    b = Setup(
+        "b", "SGLang 0.5.17, SM120 paths, with our patch", sm120_view=True, our_patch=True, moe_runner="triton",
+        server_args=("--moe-runner-backend", "triton", "--fp8-gemm-backend", "triton"),
+        env=sm120_fallbacks + (("DSV4_KERNEL_FORCE", "1"),),
+        pieces={
+            "sparse_mla": "ours (replaces flash_mla_with_kvcache_sm120, whose backend was Triton)",
+            "indexer_logits": "ours (replaces the TileLang paged MQA logits)",
+            "hc_prenorm": "ours (SGLANG_OPT_DEEPGEMM_HC_PRENORM set again in the workers; DeepGEMM's and SGLang's "
+                          "wrapper's tf32_hc_prenorm_gemm replaced)",
+            "moe": "ours (Fp8MoEMethod.apply on the triton runner)",
+            "fp8_linear": "SGLang's Triton block-FP8 GEMM, as in (a)",
+        })
+    c_moe_args = ("--moe-runner-backend", moe_c)
+    c = Setup(
+        "c", "stock SGLang 0.5.17, native sm_90 paths (reference)", sm120_view=False, our_patch=False,
+        moe_runner=moe_c, server_args=c_moe_args,
+        env=(("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "0"),),
+        pieces={
+            "sparse_mla": "FlashMLA (sgl_kernel.flash_mla)",
+            "indexer_logits": "DeepGEMM fp8_paged_mqa_logits",
+            "hc_prenorm": "SGLang's TileLang mHC pre (its sm90 default) and DeepGEMM tf32_hc_prenorm_gemm",
+            "moe": ("SGLang's Marlin MXFP4 runner" if moe_c == "marlin"
+                    else "FlashInfer CUTLASS MXFP4 W4A16 (sm90)"),
+            "fp8_linear": "DeepGEMM",
+        })
+    return {"a": a, "b": b, "c": c}
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Directories on the GPU machine (all under the work dir except the repository's)."""
+    work: str
+    repo: str
+
+    @property
+    def site(self) -> str:
+        return os.path.join(self.work, "site")
+
+    @property
+    def tf(self) -> str:
+        return os.path.join(self.work, "tf")
+
+    @property
+    def dsv4(self) -> str:
+        return os.path.join(self.work, "dsv4")
+
+    @property
+    def model(self) -> str:
+        return os.path.join(self.work, "model")
+
+    @property
+    def shim(self) -> str:
+        return os.path.join(self.repo, "tools", "e2e", "sm120_shim")
+
+
+def pythonpath(setup: Setup, paths: Paths) -> List[str]:
+    """transformers/tokenizers first (the machine's transformers breaks SGLang 0.5.17), then the harness shim (every
+    setup: it seeds the dummy weights; SM120 view only in a and b), build/dsv4 (b only), the bundle (with TileLang)."""
+    entries = [paths.tf, paths.shim]
+    if setup.our_patch:
+        entries.append(paths.dsv4)
+    entries.append(paths.site)
+    return entries
+
+
+def server_env(setup: Setup, paths: Paths, base_env: Dict[str, str], seed: int, weight_log: str) -> Dict[str, str]:
+    env = {k: v for k, v in base_env.items() if not k.startswith(("DSV4_", "SGLANG_"))}
+    env["PYTHONPATH"] = os.pathsep.join(pythonpath(setup, paths))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the test machines (KINDS.md)
+    env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    env["NVSHMEM_DISABLE_NVLS"] = "1"
+    env["SGLANG_DSV4_FP4_EXPERTS"] = "1"  # MXFP4 routed experts (also the default; set: skips the safetensors probe)
+    env["DSV4_E2E_WEIGHT_SEED"] = str(seed)
+    env["DSV4_E2E_WEIGHT_LOG"] = weight_log
+    if setup.sm120_view:
+        env["DSV4_E2E_SM120_VIEW"] = "1"
+    env.update(dict(setup.env))
+    return env
+
+
+def server_command(setup: Setup, paths: Paths, *, port: int, tp: int = 1, cuda_graphs: bool = True,
+                   mtp: bool = False, context_length: int = 70000, max_running: int = 64,
+                   cuda_graph_max_bs: int = 32, mem_fraction: float = 0.7, seed: int = 0,
+                   python: str = "python3") -> List[str]:
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    cmd = [python, "-m", "sglang.launch_server",
+           "--model-path", paths.model, "--load-format", "dummy", "--skip-tokenizer-init",
+           "--host", "127.0.0.1", "--port", str(port), "--tp-size", str(tp),
+           "--context-length", str(context_length), "--max-running-requests", str(max_running),
+           "--mem-fraction-static", str(mem_fraction), "--random-seed", str(seed), "--log-level", "info"]
+    cmd += list(setup.server_args)
+    if cuda_graphs:  # SGLang's default graph backends; capture only the batch sizes the harness measures (each
+        # captured size costs start-up time; other batch sizes pad to the next captured one)
+        sizes = [bs for bs in (1, 8, cuda_graph_max_bs) if bs <= cuda_graph_max_bs]
+        cmd += ["--cuda-graph-max-bs-decode", str(cuda_graph_max_bs),
+                "--cuda-graph-bs-decode", *[str(bs) for bs in sorted(set(sizes))]]
+    else:  # what --disable-cuda-graph stands for in 0.5.17 (a deprecated alias of these, server_args.py:8333)
+        cmd += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+    if mtp:
+        # EAGLE with the MTP layer as draft; DeepSeek-V4 allows EAGLE with topk 1 only (deepseek_v4_hook.py:149-157)
+        cmd += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2"]
+    return cmd
+
+
+def session_name(setup_key: str, cuda_graphs: bool, mtp: bool) -> str:
+    return f"{setup_key}-{'graphs' if cuda_graphs else 'eager'}{'-mtp' if mtp else ''}"
