@@ -138,7 +138,11 @@ def _start():
     if sys.modules.setdefault(_STARTED, me) is not me:   # another copy of this hook already ran here
         return
     try:
-        if os.environ.get("DSV4_KERNEL_DISABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        disable = os.environ.get("DSV4_KERNEL_DISABLE", "").strip().lower()
+        if disable not in ("", "1", "true", "yes", "on", "0", "false", "no", "off"):   # (switches.py's words)
+            print("[deepseek_v4_kernel] not installed: DSV4_KERNEL_DISABLE must be one of 1/true/yes/on (on) or "
+                  f"0/false/no/off (off), got {os.environ['DSV4_KERNEL_DISABLE']!r}", file=sys.stderr)
+        elif disable not in ("1", "true", "yes", "on"):
             hook = FirstImportHook()
             sys.meta_path.insert(0, hook)
             # a .pth file (or an earlier hook) may have imported one already: install now

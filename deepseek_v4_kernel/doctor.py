@@ -144,7 +144,7 @@ def _triton_choices_info() -> str:
     if not said:
         text = f"triton {name}: the defaults as measured"
     else:
-        text = f"triton {name}: " + "; ".join(said) + " (docs/fp4_moe.md, docs/hc_prenorm.md runs 62-63)"
+        text = f"triton {name}: " + "; ".join(said) + " (docs/fp4_moe.md, docs/hc_prenorm.md: dispatch rules)"
     if v > NEWEST_CHECKED_TRITON:
         text += (f"; triton {name} is newer than the newest measured here ({newest}): these choices carry over, "
                  f"untimed and unchecked for repeatability under it")
@@ -197,6 +197,11 @@ def collect(run_selftest: bool = True, import_modules: bool = True, devices=None
         "triton_choices": _triton_choices_info(),
     }
     out["patch"] = _targets(import_modules)
+    try:   # what python -m deepseek_v4_kernel bench measured here, and what DSV4_KERNEL_PREFER=measured would do
+        from .patch import measured
+        out["measured"] = measured.doctor_lines()
+    except Exception as e:  # noqa: BLE001 - the doctor reports, never fails
+        out["measured"] = [f"measured: not readable: {type(e).__name__}: {e}"]
     if run_selftest and out["torch"].get("cuda_available") and out["patch"]["active"]:
         from . import selftest
 
@@ -238,6 +243,7 @@ def format_text(d: dict) -> str:
         lines.append(f"hc_prenorm sums: {d['sums']}")
     if d.get("triton_choices"):
         lines.append(f"Triton-dependent choices: {d['triton_choices']}")
+    lines += d.get("measured", [])
     p = d["patch"]
     lines.append(f"patch layer: {'ACTIVE' if p['active'] else 'inactive'} ({p['why']}); SGLang {p['sglang'] or 'not installed'}")
     for r in p["targets"]:

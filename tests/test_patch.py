@@ -486,3 +486,151 @@ def test_start_up_watcher_installs_on_first_watched_import_and_hands_over(toypkg
         assert len(made) == 1 and user.op(3) == ("ours", 3, 1)
     finally:
         sys.meta_path.remove(watcher)
+
+
+# ----------------------------------------------------------------------------- what ran: counters, logs, exit summary
+def test_outcomes_logged_and_handbacks_counted_by_reason(toypkg, monkeypatch, caplog):
+    """Each target's outcome is logged once at INFO when its module is imported (patched, and skipped / left with the
+    reason); every hand-back is counted by its reason, the first of each reason logged at WARNING."""
+    import importlib
+
+    monkeypatch.delenv("DSV4_KERNEL_STRICT", raising=False)
+    good, missing = _target(toypkg), _target(toypkg, attr="does_not_exist", importers=())
+    p = _patcher([good, missing])
+    try:
+        with caplog.at_level(logging.INFO, logger="deepseek_v4_kernel"):
+            lib = importlib.import_module(f"{toypkg}.lib")
+            for x in (-1, -1, -2, 1000, 5):
+                lib.op(x)
+        text = caplog.text
+        assert f"patched {toypkg}.lib.op" in text
+        assert f"skipped {toypkg}.lib.does_not_exist: {toypkg}.lib has no attribute does_not_exist" in text
+        rec = p.records[good]
+        assert rec.handbacks == 4
+        assert rec.handback_reasons == {"toy: x must be >= 0, got -1": 2, "toy: x must be >= 0, got -2": 1,
+                                        "toy: the library has no kernel for this GPU (sm_121)": 1}
+        assert text.count("handing this call back") == 3   # once per reason
+        assert p.report()[0]["handback_reasons"] == rec.handback_reasons
+    finally:
+        p.uninstall()
+
+
+def test_ops_count_calls_by_kernel_and_say_the_first_one(caplog, monkeypatch, tmp_path):
+    """ops/_stats: each call counted by (op, kernel), the first of each logged at INFO, a slower-path reason logged
+    once at WARNING and counted every time; with DSV4_KERNEL_STATS_DIR the snapshot lands in <dir>/<pid>.json."""
+    import json
+    import os
+
+    from deepseek_v4_kernel.ops import _stats
+
+    monkeypatch.setattr(_stats, "CALLS", type(_stats.CALLS)())
+    monkeypatch.setattr(_stats, "FALLBACKS", type(_stats.FALLBACKS)())
+    monkeypatch.setenv(_stats.STATS_DIR_ENV, str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="deepseek_v4_kernel"):
+        for impl in ("mma64ws", "mma64ws", "mma64wsh16"):
+            _stats.count("sparse_decode", impl)
+        for _ in range(3):
+            _stats.warn_once("fp4_moe", "the compiled decode kernels cannot take a call (no library)")
+    assert [m.getMessage() for m in caplog.records].count("deepseek_v4_kernel: sparse_decode: first call ran mma64ws") == 1
+    assert caplog.text.count("first call ran") == 2 and caplog.text.count("cannot take a call") == 1
+    snap = _stats.snapshot()
+    assert snap["sparse_decode"]["calls"] == {"mma64ws": 2, "mma64wsh16": 1}
+    assert snap["fp4_moe"]["fallbacks"] == {"the compiled decode kernels cannot take a call (no library)": 3}
+    assert "sparse_decode: mma64ws 2, mma64wsh16 1" in _stats.summary()
+    written = json.load(open(os.path.join(str(tmp_path), f"{os.getpid()}.json")))
+    assert written["ops"]["sparse_decode"]["calls"]["mma64wsh16"] == 1
+
+
+def test_exit_summary_line_and_quiet(tmp_path):
+    """A process where the layer is active prints one line at exit naming what ran and what was handed back;
+    DSV4_KERNEL_QUIET=1 silences it (and the start-up line)."""
+    from sglang_env import run_child
+
+    code = """
+        import deepseek_v4_kernel.patch as patch
+        from deepseek_v4_kernel.ops import _stats
+        patch.install()
+        _stats.count("hc_prenorm", "cuda")
+        _stats.count("hc_prenorm", "cuda")
+    """
+    r = run_child(code, env={"DSV4_KERNEL_FORCE": "1"})
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stderr.splitlines() if "at exit:" in l]
+    assert len(lines) == 1 and "hc_prenorm: cuda 2" in lines[0] and "handed back to SGLang: nothing" in lines[0], \
+        r.stderr
+    q = run_child(code, env={"DSV4_KERNEL_FORCE": "1", "DSV4_KERNEL_QUIET": "1"})
+    assert q.returncode == 0 and "at exit:" not in q.stderr and "[deepseek_v4_kernel" not in q.stderr, q.stderr
+
+
+# ----------------------------------------------------------------------------- switches
+@pytest.mark.parametrize("value, expected", [("1", True), ("true", True), (" Yes ", True), ("ON", True),
+                                             ("0", False), ("false", False), ("no", False), ("Off", False),
+                                             ("", None), (None, None)])
+def test_one_parser_for_boolean_switches(monkeypatch, value, expected):
+    from deepseek_v4_kernel.switches import env_bool
+
+    if value is None:
+        monkeypatch.delenv("DSV4_TEST_SWITCH", raising=False)
+    else:
+        monkeypatch.setenv("DSV4_TEST_SWITCH", value)
+    for default in (False, True):
+        assert env_bool("DSV4_TEST_SWITCH", default) is (default if expected is None else expected)
+
+
+@pytest.mark.parametrize("name", [policy.FORCE, policy.STRICT, policy.QUIET, "DSV4_HC_PRENORM_ATOMIC"])
+def test_a_switch_value_we_do_not_read_is_an_error_naming_the_variable(monkeypatch, name):
+    from deepseek_v4_kernel.switches import InvalidSwitch, env_bool
+
+    monkeypatch.setenv(name, "enabled")
+    with pytest.raises(InvalidSwitch, match=f"{name} must be one of 1/true/yes/on .* got 'enabled'"):
+        env_bool(name, False)
+    assert issubclass(InvalidSwitch, UnsupportedCase)   # inside an op: handed back to SGLang, never a crash
+
+
+def test_atomic_switch_reads_false_as_off(monkeypatch):
+    """DSV4_HC_PRENORM_ATOMIC=false (and no / off) turns the atomic sums off, as 0 does."""
+    hp = pytest.importorskip("deepseek_v4_kernel.ops.hc_prenorm")
+    for off in ("0", "false", "no", "OFF"):
+        monkeypatch.setenv("DSV4_HC_PRENORM_ATOMIC", off)
+        assert hp.deterministic_sums() and not hp.atomic_enabled()
+    monkeypatch.setenv("DSV4_HC_PRENORM_ATOMIC", "true")
+    assert hp.atomic_enabled() == (not hp.deterministic_sums())
+
+
+@pytest.mark.parametrize("visible, expected", [(None, [0, 1, 2, 3]), ("-1", []), ("", []), ("2,0", [2, 0]),
+                                               ("1,-1,2", [1]), ("0,9,1", [0]), ("1,1", [1]),
+                                               ("GPU-8a3c", [0, 1, 2, 3]), ("MIG-1/2/3", [0, 1, 2, 3])])
+def test_cuda_visible_devices_read_as_cuda_reads_it(monkeypatch, visible, expected):
+    """CUDA stops at the first invalid entry of CUDA_VISIBLE_DEVICES (-1 hides every GPU); UUIDs and MIG names,
+    which the NVML probe cannot map, make it look at every GPU."""
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert policy._visible_indices(4) == expected
+
+
+def test_slower_fallbacks_are_said_once(monkeypatch, caplog):
+    """fp4_moe and hc_prenorm say (once, WARNING) when their compiled kernels cannot take a call they would take by
+    default and a slower Triton kernel runs instead (here: the library does not load)."""
+    torch = pytest.importorskip("torch")
+    from deepseek_v4_kernel.ops import _stats, fp4_moe, hc_prenorm
+
+    monkeypatch.setattr(_stats, "FALLBACKS", type(_stats.FALLBACKS)())
+    monkeypatch.delenv("DSV4_FP4_MOE_IMPL", raising=False)
+    monkeypatch.delenv("DSV4_HC_PRENORM_IMPL", raising=False)
+    monkeypatch.setattr(fp4_moe.dispatch, "_interp", lambda: False)
+    monkeypatch.setattr(fp4_moe.dispatch, "_cuda_decode_unsupported", lambda *a: "the library does not load")
+    x, w13, w2 = torch.zeros(2, 256, dtype=torch.bfloat16), torch.zeros(8, 512, 128, dtype=torch.uint8), \
+        torch.zeros(8, 256, 128, dtype=torch.uint8)
+    monkeypatch.setattr(hc_prenorm.dispatch, "_interpret", lambda: False)
+    monkeypatch.setattr(hc_prenorm.dispatch, "auto_prefers_cuda", lambda *a: True)
+    monkeypatch.setattr(hc_prenorm.dispatch, "cuda_unsupported", lambda *a: "the library does not load")
+    xh, fn = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(24, 256)
+    with caplog.at_level(logging.WARNING, logger="deepseek_v4_kernel"):
+        for _ in range(3):
+            assert fp4_moe.pick_impl(x, w13, w2, 6) != "cuda_decode"
+            assert hc_prenorm.pick_impl(xh, fn, 1) == "triton"
+    assert caplog.text.count("fp4_moe: the compiled decode kernels cannot take a call of 12 slots") == 1
+    assert caplog.text.count("hc_prenorm: the compiled kernel cannot take a call of m = 4 rows") == 1
+    assert sum(_stats.FALLBACKS.values()) == 6

@@ -40,7 +40,35 @@ def install(targets=TARGETS, announce: bool = True) -> Patcher:
     patcher.install(add_finder=not _start_up_watcher_present())
     if announce and (active or version is not None) and not policy.env_flag(policy.QUIET):
         print(start_up_line(patcher), file=sys.stderr)
+        if active:
+            import atexit
+
+            atexit.register(_print_exit_summary)
     return patcher
+
+
+def exit_summary() -> str:
+    """One line: this process's calls per op and kernel, and the calls handed back to SGLang per target ("" where
+    nothing ran). The ops' counters are read only if an op was imported (no torch import at exit)."""
+    stats = sys.modules.get("deepseek_v4_kernel.ops._stats")
+    ran = stats.summary() if stats is not None else ""
+    back = [f"{r['op']} {r['handbacks']} ({'; '.join(list(r['handback_reasons'])[:2])})" for r in report()
+            if r["handbacks"]]
+    if not ran and not back:
+        return ""
+    import os
+
+    return (f"[deepseek_v4_kernel] pid {os.getpid()} at exit: {ran or 'no op ran'}; handed back to SGLang: "
+            f"{', '.join(back) if back else 'nothing'}")
+
+
+def _print_exit_summary() -> None:
+    try:
+        line = exit_summary()
+        if line:
+            print(line, file=sys.stderr)
+    except Exception:  # noqa: BLE001 - an exit must survive anything
+        pass
 
 
 def start_up_line(patcher: Patcher) -> str:

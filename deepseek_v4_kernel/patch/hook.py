@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional
 
 from . import policy
@@ -54,6 +54,7 @@ class Record:
     status: str = PENDING
     reason: str = "module not imported yet"
     handbacks: int = 0
+    handback_reasons: Dict[str, int] = field(default_factory=dict)   # message -> calls handed back
 
     def as_dict(self) -> dict:
         t = self.target
@@ -65,6 +66,7 @@ class Record:
             "status": self.status,
             "reason": self.reason,
             "handbacks": self.handbacks,
+            "handback_reasons": dict(self.handback_reasons),
         }
 
 
@@ -115,9 +117,10 @@ def make_replacement(target: Target, record: Record, original: Callable, ours: C
         except (UnsupportedCase, ExtensionUnavailable) as e:
             if policy.strict():
                 raise
-            record.handbacks += 1
             msg = str(e)
             with lock:
+                record.handbacks += 1
+                record.handback_reasons[msg] = record.handback_reasons.get(msg, 0) + 1
                 first = msg not in reported
                 reported.add(msg)
             if first:
@@ -161,6 +164,8 @@ class Patcher:
             if t.kind == "env":
                 try:
                     self._apply_env(t)
+                    if self.records[t].status == LEFT:
+                        log.info("deepseek_v4_kernel: left %s: %s", t.attr, self.records[t].reason)
                 except Exception as e:  # a failing condition costs this row only, never start-up
                     self.records[t].status, self.records[t].reason = ERROR, f"{type(e).__name__}: {e}"
                     log.warning("deepseek_v4_kernel: setting %s failed: %r", t.attr, e)
@@ -190,6 +195,8 @@ class Patcher:
                 try:
                     if t.module == name and rec.status == PENDING:
                         self._apply(t, module)
+                        if rec.status in (SKIPPED, LEFT):   # (PATCHED says so itself; the rest are not outcomes)
+                            log.info("deepseek_v4_kernel: %s %s.%s: %s", rec.status, t.module, t.attr, rec.reason)
                     if name in t.importers and t in self.replacements:
                         self._rebind(t, module)
                 except Exception as e:  # never break the importing program

@@ -15,7 +15,11 @@ from typing import List, Optional, Tuple
 
 
 def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    """A boolean switch, read by the one parser (deepseek_v4_kernel/switches.py): a value it does not accept raises
+    InvalidSwitch naming the variable (the start-up hook then says so in one line and installs nothing)."""
+    from ..switches import env_bool
+
+    return env_bool(name, False)
 
 
 # Switches (documented in the README).
@@ -57,19 +61,20 @@ class DeviceInfo:
 
 
 def _visible_indices(count: int) -> List[int]:
-    """Indices NVML should look at, honouring CUDA_VISIBLE_DEVICES where it is numeric."""
+    """Indices NVML should look at, read from CUDA_VISIBLE_DEVICES as CUDA reads it: entries in order, up to the
+    first invalid one (CUDA_VISIBLE_DEVICES=-1 or "" hides every GPU; "0,9,1" on two GPUs is GPU 0 only); UUIDs
+    and MIG names, which this probe cannot map to indices, make it look at every GPU."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is None:
         return list(range(count))
-    out = []
+    out: List[int] = []
     for tok in vis.split(","):
         tok = tok.strip()
-        if not tok:
-            continue
-        if not re.fullmatch(r"\d+", tok):  # UUIDs / MIG names: look at all devices
+        if tok.startswith(("GPU-", "MIG-")):
             return list(range(count))
-        if int(tok) < count:
-            out.append(int(tok))
+        if not re.fullmatch(r"\d+", tok) or int(tok) >= count or int(tok) in out:
+            break
+        out.append(int(tok))
     return out
 
 

@@ -368,7 +368,7 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=30100)
     ap.add_argument("--startup-timeout-s", type=float, default=420)
     ap.add_argument("--deadline-s", type=float, default=570, help="stop starting sessions this long after launch "
-                    "(a device call may run 600 s)")
+                    "(a device call lasts at most 600 s)")
     ap.add_argument("--rebuild", action="store_true", help="build our library again")
     args = ap.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]

@@ -165,7 +165,7 @@ def pick_impl(hidden_states, w13, w2, topk: int, config=None) -> str:
         if why is None:
             return "cuda_decode"
         fallback = default_impl(regime(M, topk, E), hidden_states.device)
-        if hidden_states.device.type == "cuda":   # (on the CPU, under the interpreter, Triton is the only choice)
+        if not _interp():   # (under the interpreter, on the CPU, Triton is the only choice: nothing to say)
             warn_once(OP, f"the compiled decode kernels cannot take a call of {S} slots ({why}): it runs the Triton "
                           f"impl {fallback!r}, slower at decode sizes")
         return fallback

@@ -501,7 +501,7 @@ def pick_impl(x, fn, S: int, impl=None, _config=None) -> str:
         return "cuda"
     if impl == "cuda":
         raise UnsupportedCase(f"{OP}: impl 'cuda' cannot take this call: {why}")
-    if x.device.type == "cuda":   # (on the CPU, under the interpreter, Triton is the only choice)
+    if not _interpret():   # (under the interpreter, on the CPU, Triton is the only choice: nothing to say)
         warn_once(OP, f"the compiled kernel cannot take a call of m = {x.shape[0]} rows ({why}): it runs the Triton "
                       f"kernel, slower at this size")
     return "triton"
