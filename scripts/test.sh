@@ -17,7 +17,8 @@ bash scripts/fetch_sglang_wheels.sh
 rc=0
 $PY -m pytest -ra -q tests "$@" || rc=$?
 [ "$#" -eq 0 ] && [ "${DSV4_TRITON_COMPAT:-1}" != 0 ] || exit $rc
-TRITON_TESTS=(tests/test_indexer_logits.py tests/test_hc_prenorm.py tests/test_fp4_moe.py)
+TRITON_TESTS=(tests/test_indexer_logits.py tests/test_hc_prenorm.py tests/test_hc_prenorm_kernels.py tests/test_hc_prenorm_sums.py
+              tests/test_hc_prenorm_dispatch.py tests/test_fp4_moe.py)
 for pin in $(grep -oE '^triton==[^[:space:]]+' requirements-triton-compat.txt); do
     venv=.venv-triton/${pin#triton==}
     if [ ! -x "$venv/bin/python" ]; then

@@ -16,12 +16,12 @@ OUT=${OUT:-$(pwd)/build/hc_prenorm_out}
 mkdir -p "$OUT"
 { nvidia-smi -L; python -c "import torch, triton, sys; print(sys.version); print(torch.__version__, triton.__version__)"; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-timeout ${TEST_TIMEOUT:-150} python -m pytest -q -rs tests/test_hc_prenorm.py -p no:cacheprovider \
+timeout ${TEST_TIMEOUT:-150} python -m pytest -q -rs tests/test_hc_prenorm.py tests/test_hc_prenorm_kernels.py tests/test_hc_prenorm_sums.py tests/test_hc_prenorm_dispatch.py -p no:cacheprovider \
     --durations=5 ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -60 > "$OUT/pytest.log"
 echo "pytest rc=${PIPESTATUS[0]}"
 tail -12 "$OUT/pytest.log"
 if [ -n "${MMA_SYNC:-}${PYTEST_MMA_SYNC:-}" ]; then   # the GPU tests again where Triton builds mma.sync (SM120's class)
-    DISABLE_MMA_V3=1 timeout ${TEST_TIMEOUT:-150} python -m pytest -q -rs tests/test_hc_prenorm.py -p no:cacheprovider \
+    DISABLE_MMA_V3=1 timeout ${TEST_TIMEOUT:-150} python -m pytest -q -rs tests/test_hc_prenorm.py tests/test_hc_prenorm_kernels.py tests/test_hc_prenorm_sums.py tests/test_hc_prenorm_dispatch.py -p no:cacheprovider \
         -m gpu ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -30 > "$OUT/pytest_mma_sync.log"
     echo "pytest (DISABLE_MMA_V3=1) rc=${PIPESTATUS[0]}"
     tail -3 "$OUT/pytest_mma_sync.log"

@@ -33,7 +33,7 @@ wait
 for impl in ${IMPLS:-mma mma64}; do
   echo "=== pytest DSV4_SPARSE_DECODE_IMPL=$impl" | tee -a "$OUT/pytest.log"
   DSV4_SPARSE_DECODE_IMPL=$impl timeout ${TEST_TIMEOUT:-180} python -m pytest -q -rs \
-      ${TEST_FILES:-tests/test_sparse_decode.py tests/test_extension_build.py} -p no:cacheprovider 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
+      ${TEST_FILES:-tests/test_sparse_decode.py tests/test_sparse_decode_gpu.py tests/test_sparse_decode_launch.py tests/test_extension_build.py} -p no:cacheprovider 2>&1 | tail -40 | tee -a "$OUT/pytest.log"
   echo "pytest ($impl) rc=${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
 done
 if [ -z "${SKIP_BENCH:-}" ]; then
