@@ -267,9 +267,9 @@ IMPLS = ("auto", "triton", "cuda")
 # between blocks) or the call has DeepSeek-V4's shape (n = 24, K % 32 == 0: the kFast kernel, whose
 # sub-slice partials a separate reduce grid sums; H100: 6.7 / 7.1 / 8.1 us at m = 64 / 128 / 256
 # with num_splits None, Triton mma.sync 10.0 / - / 14.6); below that the Triton tables (H100,
-# docs/hc_prenorm.md). Where Triton builds wgmma (sm_90, not a target) its kernel stays the default (H100:
-# faster than the compiled one at m >= 8192 and m <= 256 there;  the compiled kernel is the
-# faster one there too from m = 64 to 8192 with DeepSeek-V4's shape, equal at 16384).
+# docs/hc_prenorm.md). Where Triton builds wgmma (sm_90, not a target) the compiled kernels take DeepSeek-V4's
+# shape from CUDA_MIN_M_SPLIT rows too (auto_prefers_cuda); other shapes keep Triton's wgmma kernel there, which
+# beat the compiled one at m <= 256 and m >= 8192 on the H100.
 # The few-rows kernel (small_applies: m <= SMALL_MAX_M with the caller's narrow splits) comes first, on every
 # kind: it uses no tensor cores, so Triton's instruction class does not matter to it.
 CUDA_MIN_M = 256
