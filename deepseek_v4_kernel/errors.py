@@ -12,5 +12,11 @@ class UnsupportedCase(ValueError):
     """
 
 
+class KeepOriginal(UnsupportedCase):
+    """Not a gap in our kernel: SGLang's own kernel was measured faster for this call's size class, so the patch
+    layer runs the original for it (counted and logged once at INFO as "kept", never as a hand-back, and not
+    raised under ``DSV4_KERNEL_STRICT=1``). The message names the op, the size class and the measurement."""
+
+
 class ExtensionUnavailable(RuntimeError):
     """The compiled extension (deepseek_v4_kernel/_C.so) is missing or does not load."""

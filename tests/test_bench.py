@@ -186,9 +186,9 @@ def test_measured_match_decides_per_op_and_class(this_gpu):
     assert measured.prefers_ours("sparse_decode", "h64/b1")[0]           # a class nobody measured stays ours
     ours, why = measured.prefers_ours("hc_prenorm", "m1")                # lost, but the hand-back cannot run here
     assert ours and "cannot run here" in why
-    from deepseek_v4_kernel.errors import UnsupportedCase
+    from deepseek_v4_kernel.errors import KeepOriginal
 
-    with pytest.raises(UnsupportedCase, match="measured slower at h16/b33"):
+    with pytest.raises(KeepOriginal, match="measured slower at h16/b33"):
         measured.check("sparse_decode", measured.size_class("sparse_decode", 100, heads=16))
     measured.check("sparse_decode", "h16/b1")
 
@@ -218,6 +218,36 @@ def test_without_prefer_measured_nothing_changes(this_gpu, monkeypatch):
         if t.when.startswith("measured_gate:"):
             assert targets.CONDITIONS[t.when](None) == (True, "always on SM12x")
     measured.check("sparse_decode", "h16/b33+")   # no file, no setting: a no-op
+
+
+def test_builtin_keeps_tilelang_indexer_at_one_row_unless_preferred(this_gpu, monkeypatch):
+    """Without DSV4_KERNEL_PREFER: the TileLang indexer (SGLang's SM120 path) is kept at b = 1, where it was
+    measured faster, and only where the replaced kernel is TileLang; PREFER=ours runs ours; PREFER=measured follows
+    the user's file instead (here: ours won b1)."""
+    from deepseek_v4_kernel.errors import KeepOriginal
+
+    monkeypatch.delenv(policy.PREFER)
+    with pytest.raises(KeepOriginal, match=r"indexer_logits b1: SGLang's TileLang kernel measured faster .*=ours"):
+        measured.check("indexer_logits", "b1", original="tilelang")
+    measured.check("indexer_logits", "b2-8", original="tilelang")   # ours
+    measured.check("indexer_logits", "b1", original="torch")        # SGLang's torch path: ours
+    measured.check("indexer_logits", "b1")
+    monkeypatch.setenv(policy.PREFER, "ours")
+    measured.check("indexer_logits", "b1", original="tilelang")
+    monkeypatch.setenv(policy.PREFER, "measured")
+    _write(this_gpu, _doc({"indexer_logits": {"b1": _cls("ours")}}))
+    measured._reset_for_tests()
+    measured.check("indexer_logits", "b1", original="tilelang")
+    monkeypatch.delenv(policy.PREFER)   # the adapter of the TileLang rows asks before any kernel runs
+    import torch
+
+    from deepseek_v4_kernel.patch import adapters
+
+    q = torch.zeros(1, 1, 64, 128)
+    with pytest.raises(KeepOriginal, match="indexer_logits b1"):
+        adapters.tilelang_fp8_paged_mqa_logits(q, None, None, None, None, None, 16384)
+    for (op, label, _), why in measured.BUILTIN_KEEP.items():   # every built-in row names a real class
+        assert label in {measured.size_class(op, n) for n in measured.class_representatives(op)} and " us" in why
 
 
 @pytest.mark.parametrize("change,expect", [
@@ -437,6 +467,20 @@ def test_tilelang_kernels_load_and_take_the_forced_pass_configs(tmp_path, mma):
     assert len(splitk) == 2 and len(one_split) == 2
     assert [bool(c.get("tl.disable_warp_specialized")) for c in splitk] == [False, mma]
     assert [bool(c.get("tl.disable_warp_specialized")) for c in one_split] == [False, mma]
+
+
+def test_loaded_sources_keep_their_own_future_flags(tmp_path):
+    """SGLang's mHC split-K kernel names hc_hidden_size only in its inner kernel's annotations; TileLang resolves
+    string annotations against the closure alone, so the loader must evaluate them as the file would (no
+    ``annotations`` future inherited from the loader's own module), and keep a file's own future imports."""
+    from deepseek_v4_kernel.bench import sources
+
+    body = "def factory(n):\n    def inner(a: ('T', n)):\n        return 0\n    return inner\n"
+    plain, future = tmp_path / "plain.py", tmp_path / "future.py"
+    plain.write_text("import os\n" + body)
+    future.write_text("from __future__ import annotations\n" + body)
+    assert sources.load(str(plain), ["factory"])["factory"](5).__annotations__["a"] == ("T", 5)
+    assert sources.load(str(future), ["factory"])["factory"](5).__annotations__["a"] == "('T', n)"
 
 
 # ----------------------------------------------------------------------------- inputs against SGLang's fallbacks

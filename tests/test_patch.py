@@ -38,8 +38,10 @@ def toypkg(tmp_path, monkeypatch):
     """))
     (pkg / "user.py").write_text(f"from {name}.lib import op\nfrom {name}.lib import op as aliased\n")
     (pkg / "ours.py").write_text(textwrap.dedent("""
-        from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
+        from deepseek_v4_kernel.errors import ExtensionUnavailable, KeepOriginal, UnsupportedCase
         def op(x, y=1, *, flag=False):
+            if x == 7:
+                raise KeepOriginal("toy x7: the original was measured faster")
             if x < 0:
                 raise UnsupportedCase(f"toy: x must be >= 0, got {x}")
             if x == 1000:
@@ -47,6 +49,9 @@ def toypkg(tmp_path, monkeypatch):
             return ("ours", x, y)
         def narrow(x):
             return ("narrow", x)
+        def wrap(original, x, y=1, *, flag=False):
+            return ("wrapped", original(x, y, flag=flag))
+        wrap.__dsv4_wraps_original__ = True
         def apply(self, x, y=1):
             if x < 0:
                 raise UnsupportedCase(f"toy: x must be >= 0, got {x}")
@@ -338,6 +343,43 @@ def test_unsupported_case_hands_back_once_logged_and_strict_raises(toypkg, monke
         monkeypatch.setenv("DSV4_KERNEL_STRICT", "1")
         with pytest.raises(UnsupportedCase, match="x must be >= 0"):
             lib.op(-1)
+    finally:
+        p.uninstall()
+
+
+def test_keep_original_runs_the_original_as_kept_not_handed_back(toypkg, monkeypatch, caplog):
+    """A measured choice of SGLang's kernel: counted apart from hand-backs, said once at INFO (no WARNING), and the
+    original runs even under DSV4_KERNEL_STRICT=1 (it is not a gap in ours)."""
+    import importlib
+
+    t = _target(toypkg)
+    p = _patcher([t])
+    try:
+        lib = importlib.import_module(f"{toypkg}.lib")
+        monkeypatch.setenv("DSV4_KERNEL_STRICT", "1")
+        with caplog.at_level(logging.INFO, logger="deepseek_v4_kernel"):
+            assert lib.op(7) == ("orig", 7, 1)
+            assert lib.op(7) == ("orig", 7, 1)
+            assert lib.op(3) == ("ours", 3, 1)
+        kept = [r for r in caplog.records if "keeping the original" in r.getMessage()]
+        assert len(kept) == 1 and kept[0].levelno == logging.INFO and "measured faster" in kept[0].getMessage()
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        rec = p.records[t]
+        assert (rec.kept, rec.handbacks) == (2, 0) and rec.as_dict()["kept_reasons"] == {
+            "toy x7: the original was measured faster": 2}
+    finally:
+        p.uninstall()
+
+
+def test_a_wrapping_replacement_gets_the_original(toypkg):
+    import importlib
+
+    t = _target(toypkg, replacement=f"{toypkg}.ours:wrap")
+    p = _patcher([t])
+    try:
+        lib = importlib.import_module(f"{toypkg}.lib")
+        assert lib.op(3, y=2) == ("wrapped", ("orig", 3, 2))
+        assert p.records[t].status == "patched"
     finally:
         p.uninstall()
 

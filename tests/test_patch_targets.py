@@ -8,6 +8,7 @@
 
 import ast
 import os
+import sys
 
 import pytest
 
@@ -415,6 +416,7 @@ def test_hc_prenorm_rows_patch_real_modules(version):
         assert env[HC_GATE] == "1"
         rows, _ = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc")
         assert rows[HC_HELPER]["status"] == "patched"
+        assert rows["sglang.kernels.ops.layernorm.mhc.mhc_pre"]["status"] == "patched"
     else:   # 0.5.17 / 0.5.20 read the flag themselves (no helper) and import deep_gemm behind it: the condition
         # the env row's condition runs at the first SGLang import, where the prelude's stand-in finder already answers
         # `import deep_gemm` (sglang_env.STAND_IN); test_startup.py checks the unset case on the real wheels
@@ -423,6 +425,41 @@ def test_hc_prenorm_rows_patch_real_modules(version):
         assert rows[HC_GATE]["status"] == ("patched" if has_deep_gemm else "left"), rows[HC_GATE]
         rows, _ = _patch_real_module(version, "sglang.kernels.ops.layernorm.mhc")
         assert rows[HC_HELPER]["status"] == "inactive"
+        assert rows["sglang.kernels.ops.layernorm.mhc.mhc_pre"]["status"] == "inactive"
+
+
+def test_mhc_pre_keeps_sglangs_split_k_kernel_where_it_was_measured_faster(monkeypatch):
+    """Inside SGLang 0.5.21+'s mhc_pre (wrapped: it runs, told its rows) the replaced gate answers False in the
+    classes where SGLang's TileLang split-K pre-GEMM was measured faster (m 9-256), True elsewhere, outside mhc_pre,
+    and everywhere under DSV4_KERNEL_PREFER=ours."""
+    import importlib.util
+    import types
+
+    import torch
+
+    from deepseek_v4_kernel.patch import adapters, policy
+
+    envs = types.SimpleNamespace(SGLANG_OPT_DEEPGEMM_HC_PRENORM=types.SimpleNamespace(get=lambda: True))
+    monkeypatch.setitem(sys.modules, "sglang.srt.environ", types.SimpleNamespace(envs=envs))
+    monkeypatch.setitem(sys.modules, "sglang.srt.utils", types.SimpleNamespace(is_hip=lambda: False))
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "deep_gemm" else real_find(name, *a))
+    monkeypatch.delenv(policy.PREFER, raising=False)
+
+    def gate_inside(rows):
+        seen = []
+
+        def original(residual, fn, **kw):
+            seen.append(adapters.use_deep_gemm_hc_prenorm())
+            return "ran"
+        assert adapters.mhc_pre(original, torch.empty(rows, 4, 16, dtype=torch.bfloat16), None, rms_eps=1e-6) == "ran"
+        return seen[0]
+    assert [gate_inside(m) for m in (1, 8, 9, 64, 65, 256, 257, 1024, 4096)] == [
+        True, True, False, False, False, False, True, True, True]
+    assert adapters.use_deep_gemm_hc_prenorm()      # the fused post/pre step asks outside mhc_pre
+    monkeypatch.setenv(policy.PREFER, "ours")
+    assert gate_inside(256)
 
 
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.20"])

@@ -181,6 +181,20 @@ def extract(path: str, names: Iterable[str]) -> ast.Module:
     return ast.Module(body=body, type_ignores=[])
 
 
+def future_flags(path: str) -> int:
+    """The compiler flags of the ``from __future__ import ...`` statements of ``path``."""
+    import __future__
+
+    with open(path) as f:
+        tree = ast.parse(f.read(), filename=path)
+    flags = 0
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            for alias in node.names:
+                flags |= getattr(__future__, alias.name).compiler_flag
+    return flags
+
+
 def definition_dump(path: str, name: str) -> str:
     """A line-number-free dump of one top-level definition (to tell two versions' kernels apart)."""
     return ast.dump(extract(path, [name]).body[0], include_attributes=False)
@@ -228,7 +242,9 @@ def load(path: str, names: Iterable[str], *, tilelang_forced: Optional[dict] = N
         proxy = TileLangProxy(tilelang, tilelang_forced)
         ns.update(tilelang=proxy, T=T, _load_tilelang=lambda: proxy)
     ns.update(extra or {})
-    code = compile(extract(path, names), path, "exec")
+    # the file's own __future__ imports only: compile() would otherwise inherit this module's (``annotations``), which
+    # turns SGLang's TileLang annotations into strings that TileLang cannot resolve (names used only in annotations)
+    code = compile(extract(path, names), path, "exec", flags=future_flags(path), dont_inherit=True)
     exec(code, ns)  # noqa: S102  (SGLang's own source, the file the user's SGLang runs)
     return ns
 

@@ -52,14 +52,17 @@ def exit_summary() -> str:
     nothing ran). The ops' counters are read only if an op was imported (no torch import at exit)."""
     stats = sys.modules.get("deepseek_v4_kernel.ops._stats")
     ran = stats.summary() if stats is not None else ""
-    back = [f"{r['op']} {r['handbacks']} ({'; '.join(list(r['handback_reasons'])[:2])})" for r in report()
+    rows = report()
+    back = [f"{r['op']} {r['handbacks']} ({'; '.join(list(r['handback_reasons'])[:2])})" for r in rows
             if r["handbacks"]]
-    if not ran and not back:
+    kept = [f"{r['op']} {r['kept']}" for r in rows if r.get("kept")]
+    if not ran and not back and not kept:
         return ""
     import os
 
+    tail = f"; kept SGLang's faster kernel: {', '.join(kept)}" if kept else ""
     return (f"[deepseek_v4_kernel] pid {os.getpid()} at exit: {ran or 'no op ran'}; handed back to SGLang: "
-            f"{', '.join(back) if back else 'nothing'}")
+            f"{', '.join(back) if back else 'nothing'}{tail}")
 
 
 def _print_exit_summary() -> None:

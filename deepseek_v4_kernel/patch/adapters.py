@@ -11,7 +11,9 @@ non-deterministic path (hc_prenorm's atomic sums).
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import logging
 import os
 
 import torch
@@ -58,6 +60,27 @@ def sglang_tf32_hc_prenorm_gemm(x, fn, out, sqrsum, num_splits):
     return hc_prenorm_gemm(x, fn, out, sqrsum, num_splits)
 
 
+# the rows of the mhc_pre call in progress (mhc_pre below), for use_deep_gemm_hc_prenorm, which SGLang asks without them
+_MHC_PRE_ROWS: contextvars.ContextVar = contextvars.ContextVar("dsv4_mhc_pre_rows", default=None)
+_kept_said = set()
+
+
+def mhc_pre(original, residual, *args, **kwargs):
+    """Wraps SGLang 0.5.21-0.5.23's ``sglang.kernels.ops.layernorm.mhc.mhc_pre`` (its SM120 mHC pre step): SGLang's own
+    function runs, told the call's rows, so that ``use_deep_gemm_hc_prenorm`` keeps SGLang's TileLang split-K
+    pre-GEMM in a size class where that kernel was measured faster (measured.BUILTIN_KEEP) and takes ours elsewhere."""
+    shape = getattr(residual, "shape", ())
+    rows = residual.numel() // (shape[-1] * shape[-2]) if len(shape) >= 2 and shape[-1] * shape[-2] else None
+    token = _MHC_PRE_ROWS.set(rows)
+    try:
+        return original(residual, *args, **kwargs)
+    finally:
+        _MHC_PRE_ROWS.reset(token)
+
+
+mhc_pre.__dsv4_wraps_original__ = True
+
+
 def use_deep_gemm_hc_prenorm() -> bool:
     """Replacement for SGLang 0.5.21-0.5.23's ``sglang.kernels.ops.layernorm.mhc._use_deep_gemm_hc_prenorm``.
 
@@ -75,7 +98,22 @@ def use_deep_gemm_hc_prenorm() -> bool:
 
     if is_hip() or not envs.SGLANG_OPT_DEEPGEMM_HC_PRENORM.get():
         return False
-    return importlib.util.find_spec("deep_gemm") is not None
+    if importlib.util.find_spec("deep_gemm") is None:
+        return False
+    rows = _MHC_PRE_ROWS.get()
+    if rows:   # inside mhc_pre: its TileLang split-K kernel (up to 2048 rows) stays where it was measured faster
+        why = measured.builtin_keep("hc_prenorm", measured.size_class("hc_prenorm", rows), "tilelang_mhc_pre")
+        if why and rows <= MHC_PRE_TILELANG_SPLITK_MAX_ROWS:
+            if why not in _kept_said:
+                _kept_said.add(why)
+                logging.getLogger("deepseek_v4_kernel").info(
+                    "deepseek_v4_kernel: hc_prenorm: keeping SGLang's mhc_pre pre-GEMM for this size: %s", why)
+            return False
+    return True
+
+
+# SGLang 0.5.21-0.5.23's mhc_pre runs its split-K TileLang kernel up to this many rows (one split above)
+MHC_PRE_TILELANG_SPLITK_MAX_ROWS = 2048
 
 
 # ----------------------------------------------------------------------------- fp4_moe
@@ -196,6 +234,15 @@ def fp8_paged_mqa_logits_sglang_fallback(q_fp8, kvcache_fp8, weight, seq_lens, p
                             clean_logits=True)
 
 
+def tilelang_fp8_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_gemm_metadata, max_seq_len,
+                                  clean_logits=True):
+    """Replaces SGLang's TileLang paged MQA logits (its SM120 indexer from 0.5.16): ours, except where SGLang's
+    TileLang kernel was measured faster (one decode row: measured.BUILTIN_KEEP), which then runs."""
+    if q_fp8.shape[0] > 0:
+        measured.check("indexer_logits", measured.size_class("indexer_logits", q_fp8.shape[0]), original="tilelang")
+    return fp8_paged_mqa_logits_sglang_fallback(q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_gemm_metadata,
+                                                max_seq_len, clean_logits)
+
+
 fp8_paged_mqa_logits_torch = fp8_paged_mqa_logits_sglang_fallback
 fp8_paged_mqa_logits_torch_sm120 = fp8_paged_mqa_logits_sglang_fallback
-tilelang_fp8_paged_mqa_logits = fp8_paged_mqa_logits_sglang_fallback

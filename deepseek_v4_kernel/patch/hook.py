@@ -55,6 +55,8 @@ class Record:
     reason: str = "module not imported yet"
     handbacks: int = 0
     handback_reasons: Dict[str, int] = field(default_factory=dict)   # message -> calls handed back
+    kept: int = 0                                                    # calls left to SGLang's faster kernel
+    kept_reasons: Dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         t = self.target
@@ -67,6 +69,8 @@ class Record:
             "reason": self.reason,
             "handbacks": self.handbacks,
             "handback_reasons": dict(self.handback_reasons),
+            "kept": self.kept,
+            "kept_reasons": dict(self.kept_reasons),
         }
 
 
@@ -105,28 +109,43 @@ def _owner(module, attr: str):
 
 
 def make_replacement(target: Target, record: Record, original: Callable, ours: Callable) -> Callable:
-    from ..errors import ExtensionUnavailable, UnsupportedCase
+    from ..errors import ExtensionUnavailable, KeepOriginal, UnsupportedCase
 
     reported = set()
     lock = threading.Lock()
 
+    # a replacement that only adds context around SGLang's own function takes the original as its first argument
+    call = functools.partial(ours, original) if getattr(ours, "__dsv4_wraps_original__", False) else ours
+
+    def first_time(msg: str, kept: bool) -> bool:
+        """Count the call under its reason (kept, or handed back); True the first time this reason is seen."""
+        counts = record.kept_reasons if kept else record.handback_reasons
+        with lock:
+            if kept:
+                record.kept += 1
+            else:
+                record.handbacks += 1
+            counts[msg] = counts.get(msg, 0) + 1
+            first = msg not in reported
+            reported.add(msg)
+        return first
+
     @functools.wraps(original)
     def dsv4_replacement(*args, **kwargs):
         try:
-            return ours(*args, **kwargs)
+            return call(*args, **kwargs)
+        except KeepOriginal as e:   # a measured choice, not a gap: counted apart, said once at INFO
+            if first_time(str(e), kept=True):
+                log.info("deepseek_v4_kernel: %s: keeping the original %s.%s for this size: %s",
+                         target.op, target.module, target.attr, e)
+            return original(*args, **kwargs)
         except (UnsupportedCase, ExtensionUnavailable) as e:
             if policy.strict():
                 raise
-            msg = str(e)
-            with lock:
-                record.handbacks += 1
-                record.handback_reasons[msg] = record.handback_reasons.get(msg, 0) + 1
-                first = msg not in reported
-                reported.add(msg)
-            if first:
+            if first_time(str(e), kept=False):
                 log.warning(
                     "deepseek_v4_kernel: %s: handing this call back to the original %s.%s: %s",
-                    target.op, target.module, target.attr, msg,
+                    target.op, target.module, target.attr, e,
                 )
             return original(*args, **kwargs)
 

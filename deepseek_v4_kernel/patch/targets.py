@@ -207,19 +207,19 @@ TARGETS: Tuple[Target, ...] = (
     Target(
         op="indexer_logits", module="sglang.srt.layers.attention.dsv4.tilelang_kernel",
         attr="tilelang_fp8_paged_mqa_logits",
-        replacement="deepseek_v4_kernel.patch.adapters:fp8_paged_mqa_logits_sglang_fallback",
+        replacement="deepseek_v4_kernel.patch.adapters:tilelang_fp8_paged_mqa_logits",
         first="0.5.12", last="0.5.12.post1", params=_INDEXER_PARAMS,
     ),
     Target(
         op="indexer_logits", module="sglang.srt.layers.attention.dsa.tilelang_kernel",
         attr="tilelang_fp8_paged_mqa_logits",
-        replacement="deepseek_v4_kernel.patch.adapters:fp8_paged_mqa_logits_sglang_fallback",
+        replacement="deepseek_v4_kernel.patch.adapters:tilelang_fp8_paged_mqa_logits",
         first="0.5.13", last="0.5.15.post1", params=_INDEXER_PARAMS,
     ),
     Target(
         op="indexer_logits", module="sglang.kernels.ops.attention.dsa.tilelang_kernel",
         attr="tilelang_fp8_paged_mqa_logits",
-        replacement="deepseek_v4_kernel.patch.adapters:fp8_paged_mqa_logits_sglang_fallback",
+        replacement="deepseek_v4_kernel.patch.adapters:tilelang_fp8_paged_mqa_logits",
         first="0.5.16", params=_INDEXER_PARAMS,
     ),
     # --- fp4_moe (docs/fp4_moe.md, docs/sglang_surface.md) --------------------------------------
@@ -270,6 +270,14 @@ TARGETS: Tuple[Target, ...] = (
         replacement="deepseek_v4_kernel.patch.adapters:use_deep_gemm_hc_prenorm",
         first="0.5.21", last="0.5.23", params=(),
         note="module global, called at call time by mhc_pre and the fused post/pre step",
+    ),
+    # SGLang's SM120 mHC pre step (imported from its module at call time, deepseek_v4.py 0.5.23:3422): wrapped, not
+    # replaced, so that the replaced gate above knows the call's rows (measured per size class: patch/measured.py).
+    Target(
+        op="hc_prenorm", module="sglang.kernels.ops.layernorm.mhc", attr="mhc_pre",
+        replacement="deepseek_v4_kernel.patch.adapters:mhc_pre",
+        first="0.5.21", last="0.5.23", params=("residual", "fn"),
+        note="SGLang's own mhc_pre runs, told its rows (SGLang asks the gate without them)",
     ),
 )
 

@@ -69,3 +69,11 @@ def test_outputs_without_logprobs_compare_tokens_only():
     cand = [cmp.Step(t, nan, []) for t in (5, 6, 7)]
     assert cmp.compare("mtp", [cand], "c", [ref]).ok
     assert not cmp.compare("mtp", [[cmp.Step(t, nan, []) for t in (5, 9, 7)]], "c", [ref]).ok
+
+
+def test_closeness_summarises_prefix_first_token_and_logprob_diffs():
+    ref = [steps([5, 6, 7, 8]), steps([1, 2, 3, 4])]
+    cand = [steps([5, 6, 9, 8], logprob=-0.7), steps([9, 2, 3, 4])]
+    k = cmp.compare("b", cand, "c", ref, margin=0.1, logprob_tol=0.1).summary()["closeness"]
+    assert k["mean_agreed_prefix"] == 1.0 and k["first_token_differences"] == 1
+    assert k["median_logprob_diff"] == pytest.approx(0.2)

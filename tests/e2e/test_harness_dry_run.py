@@ -20,6 +20,7 @@ FAKE_SERVER = textwrap.dedent('''
     ap.add_argument("--port", type=int)
     ap.add_argument("--moe-runner-backend")
     args, _ = ap.parse_known_args()
+    time.sleep(float(os.environ.get("FAKE_STARTUP_S", "0")))  # model load and graph capture
     # what the real server's model loader would call (the shim replaces it)
     import sglang.srt.model_loader.weight_utils as wu
     print("weights initialiser:", wu.initialize_dummy_weights.__name__, file=sys.stderr, flush=True)
@@ -114,3 +115,50 @@ def test_dry_run_catches_a_token_difference(tmp_path):
     checks = {c["name"]: c for c in json.load(open(out / "e2e.json"))["checks"]}
     assert not checks["b-eager agrees with c-eager"]["pass"]
     assert "16 clear differences" in checks["b-eager agrees with c-eager"]["detail"]
+
+
+def test_servers_start_together_and_measure_alone(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_bundle(str(work))
+    r = _run(work, out, "--sessions", "c-eager,b-eager,a-eager", "--servers-at-once", "3",
+             env={"FAKE_STARTUP_S": "3"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if ": starting on port" in line]
+    served = [i for i, line in enumerate(lines) if "prompts x 32 tokens" in line]
+    assert len(starts) == 3 and len(served) == 3 and max(starts) < min(served), r.stdout
+    doc = json.load(open(out / "e2e.json"))
+    assert all(doc["sessions"][n]["served"] for n in ("c-eager", "b-eager", "a-eager"))
+    assert "--max-total-tokens" in doc["sessions"]["b-eager"]["command"]
+
+
+def test_a_later_call_takes_over_servers_left_running(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_bundle(str(work))
+    # ready at once, but the requests' budget does not fit the 40 s call: both servers are left running
+    r1 = _run(work, out, "--sessions", "c-eager,b-eager", "--deadline-s", "40")
+    assert r1.returncode == 0, r1.stdout[-3000:] + r1.stderr[-3000:]
+    assert "left running" in r1.stdout and not os.path.exists(work / "results" / "b-eager.json")
+    state = json.load(open(work / "servers.json"))
+    assert set(state) == {"c-eager", "b-eager"}
+    r2 = _run(work, out, "--sessions", "c-eager,b-eager")  # (no result yet: both run now)
+    assert r2.returncode == 0, r2.stdout[-3000:] + r2.stderr[-3000:]
+    assert r2.stdout.count("taken over from an earlier call") == 2
+    doc = json.load(open(out / "e2e.json"))
+    checks = {c["name"]: c["pass"] for c in doc["checks"]}
+    assert checks["b-eager agrees with c-eager"] and checks["b-eager: starts and serves"]
+    assert json.load(open(work / "servers.json")) == {}
+    for rec in state.values():  # the servers were stopped after their requests
+        assert not os.path.exists(f"/proc/{rec['server']['pid']}")
+
+
+def test_sessions_with_results_are_not_run_again(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_bundle(str(work))
+    r1 = _run(work, out, "--sessions", "c-eager")
+    assert r1.returncode == 0 and "c-eager: starting" in r1.stdout, r1.stdout[-3000:] + r1.stderr[-3000:]
+    r2 = _run(work, out, "--sessions", "c-eager,b-eager")
+    assert r2.returncode == 0, r2.stdout[-3000:] + r2.stderr[-3000:]
+    assert "c-eager already ran in an earlier call" in r2.stdout and "c-eager: starting" not in r2.stdout
+    assert "b-eager: starting" in r2.stdout
+    assert set(json.load(open(out / "e2e.json"))["sessions"]) == {"c-eager", "b-eager"}

@@ -5,6 +5,13 @@ Against the reference (setup c), a candidate agrees at a position when it chose 
 token's logprobs must agree within ``logprob_tol``. At the first position where the tokens differ, the difference
 is allowed only if the reference itself was nearly undecided there: its top-2 logprobs within ``margin``. After the
 first difference the contexts differ, so the rest of that prompt is not compared.
+
+``closeness`` condenses a comparison into what can be set against another pair's: the mean agreed prefix (tokens
+before the first difference), the prompts whose first token already differs (that token comes from the prefill of
+the same prompt: identical inputs) and the median chosen-token logprob difference at agreed positions. The report
+sets (b) vs (c) against (a) vs (c), SGLang's own SM120 path, and both against the native noise floor (c) vs (c)
+under another batching (graphs vs eager): with random weights a greedy run amplifies rounding differences that
+DeepSeek's own kernels show between their own two modes.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ class PromptResult:
     difference_allowed: Optional[bool] = None
     reference_margin_at_difference: Optional[float] = None
     max_logprob_diff: float = 0.0
+    logprob_diffs: List[float] = field(default_factory=list)      # |candidate - reference| at agreed positions
     logprob_violations: List[int] = field(default_factory=list)  # positions over the tolerance
     length_mismatch: bool = False
 
@@ -73,8 +81,22 @@ class Comparison:
             "disallowed_differences": sum(1 for p in diffs if not p.difference_allowed),
             "logprob_violations": sum(len(p.logprob_violations) for p in self.prompts),
             "max_logprob_diff": max((p.max_logprob_diff for p in self.prompts), default=0.0),
+            "closeness": closeness([asdict(p) for p in self.prompts]),
             "per_prompt": [asdict(p) | {"ok": p.ok} for p in self.prompts],
         }
+
+
+def closeness(per_prompt: Sequence[Dict[str, object]]) -> Dict[str, object]:
+    """Mean agreed prefix, first-token differences and the median agreed-position logprob difference of a
+    comparison's per-prompt records (also of older records without logprob_diffs: that entry is then None)."""
+    n = len(per_prompt)
+    diffs = sorted(d for p in per_prompt for d in (p.get("logprob_diffs") or []))
+    return {
+        "prompts": n,
+        "mean_agreed_prefix": sum(p["agreed"] for p in per_prompt) / n if n else None,
+        "first_token_differences": sum(1 for p in per_prompt if p.get("first_difference") == 0),
+        "median_logprob_diff": diffs[len(diffs) // 2] if diffs else None,
+    }
 
 
 def steps_from_meta(meta: Dict[str, object]) -> List[Step]:
@@ -108,6 +130,7 @@ def compare_prompt(index: int, candidate: Sequence[Step], reference: Sequence[St
         if math.isnan(c.logprob) or math.isnan(r.logprob):
             continue  # an output without logprobs (speculative decoding may not give them): tokens only
         diff = abs(c.logprob - r.logprob)
+        res.logprob_diffs.append(round(diff, 6))
         res.max_logprob_diff = max(res.max_logprob_diff, diff)
         if diff > logprob_tol:
             res.logprob_violations.append(pos)

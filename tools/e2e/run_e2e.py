@@ -14,7 +14,10 @@ Stages (each call runs the stages it names, and ``report`` always writes what is
   ``--soak N`` runs a separate ``b-graphs-soak`` session;
 * ``report``: compare the sessions' outputs, run the checks, write e2e.json, e2e_table.md, e2e_throughput.png
   (if matplotlib is there) and e2e_logs.tar.xz to --out.
-Results of earlier calls stay in <work>/results, so the sessions can be spread over calls of at most 10 minutes.
+Results of earlier calls stay in <work>/results, so the sessions can be spread over calls of at most 10 minutes: a
+session with a result is not run again (unless --rerun), and servers that a call's deadline left running (they run in
+their own process groups) are taken over by the next call's run stage. Up to --servers-at-once servers start
+together, each with its KV pool capped (--max-total-tokens); their requests still run one session at a time.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import workloads as wl  # noqa: E402
 MANIFEST = os.path.join(HERE, "bundle_manifest.json")
 STAGES = ("fetch", "prepare", "run", "report")
 DEFAULT_SESSIONS = "c-graphs,b-graphs,a-graphs,c-eager,b-eager,a-eager,c-graphs-mtp,b-graphs-mtp"
-SESSION_START_BUDGET_S = 150  # a server's start-up with dummy weights and graph capture, measured ~50-90 s
+SESSION_START_BUDGET_S = 150  # the Marlin warm-up may run until this long before the call's deadline
 
 
 def log(msg: str) -> None:
@@ -67,6 +70,20 @@ def stage_fetch(work: str) -> None:
         shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
     log(f"fetch: {len(names)} part(s) copied to {dst}: {' '.join(names) or '-'}; now there: "
         f"{' '.join(sorted(os.listdir(dst)))}")
+    jit = os.path.join(REPO, ".e2e", "jit")  # prebuild_jit.py's modules, when carried
+    if os.path.isdir(jit):
+        shutil.copytree(jit, os.path.join(work, "jit"), dirs_exist_ok=True)
+        log(f"fetch: prebuilt JIT modules: {' '.join(sorted(os.listdir(jit)))}")
+
+
+def install_prebuilt_jit(work: str) -> None:
+    """prebuild_jit.py's modules into the tvm-ffi cache, where SGLang's load_jit loads a .so without compiling."""
+    src = os.path.join(work, "jit")
+    if not os.path.isdir(src):
+        return
+    cache = os.path.expanduser(os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"))
+    shutil.copytree(src, cache, dirs_exist_ok=True)
+    log(f"prepare: prebuilt JIT modules installed into {cache}: {' '.join(sorted(os.listdir(src)))}")
 
 
 def unpack_group(work: str, group: str, record: dict) -> None:
@@ -147,14 +164,13 @@ def start_marlin_warmup(args, paths: st.Paths) -> Optional[subprocess.Popen]:
     return proc
 
 
-def wait_for_marlin_warmup(work: str, deadline: float) -> None:
+def marlin_warmup_running(work: str) -> bool:
     """A server of (a) or (c) started while the warm-up still compiles would compile the same module beside it."""
     try:
         pid = int(open(os.path.join(work, ".warm-marlin.pid")).read())
     except (OSError, ValueError):
-        return
-    while os.path.exists(f"/proc/{pid}") and time.time() < deadline - SESSION_START_BUDGET_S:
-        time.sleep(2)
+        return False
+    return os.path.exists(f"/proc/{pid}") and not os.path.isfile(WARM_DONE.format(w=work))
 
 
 def stage_prepare(args, paths: st.Paths, sessions: List[str], deadline: float) -> None:
@@ -174,6 +190,7 @@ def stage_prepare(args, paths: st.Paths, sessions: List[str], deadline: float) -
                                   f"sys.exit(importlib.util.find_spec('{m}') is None)"]).returncode]
     if missing:
         raise SystemExit(f"prepare: the machine lacks {missing}, which the bundle leaves to it (bundle_spec.py)")
+    install_prebuilt_jit(args.work)
     warm = None
     if args.moe_c == "marlin" and any(s.split("-")[0] in ("a", "c") for s in sessions) and \
             not os.path.isfile(WARM_DONE.format(w=args.work)):
@@ -209,22 +226,47 @@ def parse_session(name: str):
     return parts[0], parts[1] == "graphs", "mtp" in parts[2:], "soak" in parts[2:]
 
 
+# A block scale holds the same 2^e whichever of these the MoE method stores it in (dummy_weights._write_exponents
+# draws the exponents alone): fp32 on the Triton runner, float8_e8m0fnu on the Marlin runner.
+EXPONENT_DTYPES = ("float32", "float8_e8m0fnu", "uint8")
+
+
 def weight_fingerprint(weight_dir: str) -> dict:
+    """Per model: a digest of (name, shape, value encoding, fill rule) of every parameter the shim filled."""
     files = sorted(os.listdir(weight_dir)) if os.path.isdir(weight_dir) else []
     models = {}
     for name in files:
         with open(os.path.join(weight_dir, name)) as f:
             rec = json.load(f)
-        rows = sorted((p["name"], tuple(p["shape"]), p["dtype"], p["rule"]) for p in rec["parameters"])
+        rows = sorted((p["name"], tuple(p["shape"]),
+                       "2^e" if p["rule"].startswith("block_scale") and p["dtype"] in EXPONENT_DTYPES else p["dtype"],
+                       p["rule"]) for p in rec["parameters"])
         key = rec["model"]
         digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
         models.setdefault(key, {"fingerprint": digest, "parameters": len(rows), "rows": rows})
     return models
 
 
-def run_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str, port: int,
-                deadline: float) -> dict:
+# Seconds a ready session's requests take at most (H200, 4-layer model): the harness leaves a server running for the
+# next call rather than start measuring what it cannot finish before the call's deadline.
+WORK_BUDGET_S = {"correctness": 120, "throughput": 120, "profile": 60, "soak": 300}
+
+
+def session_work_s(args, name: str) -> float:
     key, graphs, mtp, soak = parse_session(name)
+    if soak:
+        return WORK_BUDGET_S["soak"]
+    need = WORK_BUDGET_S["correctness"]
+    if graphs and not mtp and args.throughput:
+        need += WORK_BUDGET_S["throughput"]
+    if key == "b" and graphs and not mtp and args.profile:
+        need += WORK_BUDGET_S["profile"]
+    return need
+
+
+def start_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str, port: int) -> dict:
+    """Start one session's server; returns its flight record (the partial result and the server's state)."""
+    key, graphs, mtp, _ = parse_session(name)
     setup = setups[key]
     result: dict = {"session": name, "setup": key, "cuda_graphs": graphs, "mtp": mtp, "tp": args.tp,
                     "time": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -232,19 +274,27 @@ def run_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str, p
     shutil.rmtree(weight_log, ignore_errors=True)
     env = st.server_env(setup, paths, dict(os.environ), args.seed, weight_log)
     cmd = st.server_command(setup, paths, port=port, tp=args.tp, cuda_graphs=graphs, mtp=mtp, seed=args.seed,
-                            python=sys.executable)
+                            max_total_tokens=args.max_total_tokens, python=sys.executable)
     result["command"] = " ".join(cmd)
     result["env"] = {k: v for k, v in env.items() if k.startswith(("DSV4_", "SGLANG_", "PYTHONPATH", "NCCL_"))}
     log_path = os.path.join(args.work, "logs", f"{name}.log")
     server = srv.Server(cmd, env, log_path, port, cwd=os.path.dirname(log_path))  # not the work dir: its folders would sit first on sys.path
-    t0 = time.time()
     server.start()
+    return {"result": result, "server": server, "weight_log": weight_log}
+
+
+def finish_session(args, flight: dict, deadline: float) -> dict:
+    """Run a ready (or failed) session's requests, stop its server, collect its log; returns the session's result."""
+    result, server = flight["result"], flight["server"]
+    key, graphs, mtp, soak = parse_session(result["session"])
+    name = result["session"]
     try:
-        result["ready_s"] = server.wait_ready(min(args.startup_timeout_s, max(30.0, deadline - time.time())))
+        if "error" in flight:
+            raise srv.ServerError(flight["error"])
+        result["ready_s"] = server.ready_s
         result["started"] = True
-        log(f"{name}: ready in {result['ready_s']:.0f} s")
         if soak:
-            result["soak"] = wl.soak(server.url, server.proc.pid, args.seed, args.soak, args.soak_concurrency,
+            result["soak"] = wl.soak(server.url, server.pid, args.seed, args.soak, args.soak_concurrency,
                                      deadline=deadline - 20)
             s = result["soak"]
             log(f"{name}: soak {s['completed']}/{s['requests']} done, {s['failed']} failed, {s['wall_s']:.0f} s")
@@ -263,11 +313,11 @@ def run_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str, p
             result["served"] = all(o["completion_tokens"] == args.new_tokens for o in result["outputs"])
             log(f"{name}: {len(prompts)} prompts x {args.new_tokens} tokens in {result['correctness_s']:.1f} s "
                 f"(served: {result['served']})")
-            if graphs and not mtp and args.throughput and time.time() < deadline - 60:
+            if graphs and not mtp and args.throughput:
                 t1 = time.time()
                 result["throughput"] = wl.throughput(server.url, args.seed, quick=args.quick)
                 log(f"{name}: throughput in {time.time() - t1:.0f} s: " + summarize_throughput(result["throughput"]))
-            if key == "b" and graphs and not mtp and args.profile and time.time() < deadline - 60:
+            if key == "b" and graphs and not mtp and args.profile:
                 result["profile"] = wl.profile_decode(server.url, args.seed,
                                                       os.path.join(args.work, "profile", name))
                 share = result["profile"].get("share", {})
@@ -280,11 +330,11 @@ def run_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str, p
     finally:
         result["alive_at_end"] = server.alive()
         server.stop()
-        result["wall_s"] = time.time() - t0
-    with open(log_path, errors="replace") as f:
+        result["wall_s"] = time.time() - server.started_at
+    with open(server.log_path, errors="replace") as f:
         result["log"] = srv.parse_log(f.read())
     result["weights"] = {m: {k: v for k, v in rec.items() if k != "rows"}
-                         for m, rec in weight_fingerprint(weight_log).items()}
+                         for m, rec in weight_fingerprint(flight["weight_log"]).items()}
     return result
 
 
@@ -296,21 +346,109 @@ def summarize_throughput(t: dict) -> str:
     return ", ".join(bits)
 
 
+def _state_path(work: str) -> str:
+    return os.path.join(work, "servers.json")
+
+
+def save_flights(work: str, flights: Dict[str, dict]) -> None:
+    state = {name: {"result": f["result"], "server": f["server"].state(), "weight_log": f["weight_log"],
+                    **({"error": f["error"]} if "error" in f else {})} for name, f in flights.items()}
+    with open(_state_path(work), "w") as f:
+        json.dump(state, f)
+
+
+def adopt_flights(work: str, sessions: List[str]) -> Dict[str, dict]:
+    """Servers an earlier call left running: those of the sessions asked for are taken over, the others stopped."""
+    try:
+        with open(_state_path(work)) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    flights = {}
+    for name, rec in state.items():
+        server = srv.Server.adopt(rec["server"])
+        if name not in sessions:
+            log(f"{name}: left running by an earlier call but not asked for now: stopped")
+            server.stop()
+            continue
+        flight = {"result": rec["result"], "server": server, "weight_log": rec["weight_log"]}
+        if "error" in rec:
+            flight["error"] = rec["error"]
+        flights[name] = flight
+        log(f"{name}: taken over from an earlier call (server started {time.time() - server.started_at:.0f} s ago, "
+            f"{'alive' if server.alive() else 'gone'})")
+    return flights
+
+
 def stage_run(args, paths: st.Paths, sessions: List[str], deadline: float) -> None:
+    """Sessions run in rounds of up to --servers-at-once servers: a round's servers start together (start-up is
+    mostly compilation on the CPU, so they overlap), and once every one of them is ready or failed, each session's
+    requests run alone, one session after another, so no measurement shares the GPU with another server's start-up
+    or requests. Servers outlive the call: when the deadline comes first, they are left running and recorded, and
+    the next call of the run stage takes them over."""
     setups = st.make_setups(args.moe_c)
     results_dir = os.path.join(args.work, "results")
     os.makedirs(results_dir, exist_ok=True)
-    for i, name in enumerate(sessions):
-        if name.split("-")[0] in ("a", "c") and args.moe_c == "marlin":
-            wait_for_marlin_warmup(args.work, deadline)
-        left = deadline - time.time()
-        if left < SESSION_START_BUDGET_S:
-            log(f"{name}: skipped, {left:.0f} s left in this call (run it in the next call)")
-            continue
-        log(f"{name}: starting ({left:.0f} s left)")
-        result = run_session(args, paths, setups, name, args.port + i, deadline)
-        with open(os.path.join(results_dir, f"{name}.json"), "w") as f:
-            json.dump(result, f)
+    flights = adopt_flights(args.work, sessions)
+    done = [n for n in sessions if n not in flights and os.path.isfile(os.path.join(results_dir, f"{n}.json"))]
+    if done and not args.rerun:
+        log(f"run: {', '.join(done)} already ran in an earlier call (results kept; --rerun runs them again)")
+    queue = [name for name in sessions if name not in flights and (args.rerun or name not in done)]
+    try:
+        while queue or flights:
+            while queue and len(flights) < args.servers_at_once and time.time() < deadline - 30:
+                # sessions on the Marlin runner wait for its JIT warm-up; the others start meanwhile
+                ready_to_start = [n for n in queue if not (n.split("-")[0] in ("a", "c") and args.moe_c == "marlin"
+                                                           and marlin_warmup_running(args.work))]
+                if not ready_to_start:
+                    if flights:
+                        break
+                    time.sleep(2)
+                    continue
+                name = ready_to_start[0]
+                queue.remove(name)
+                port = args.port + sessions.index(name)
+                log(f"{name}: starting on port {port} ({deadline - time.time():.0f} s left in this call)")
+                flights[name] = start_session(args, paths, setups, name, port)
+            if not flights:
+                break
+            # every server of the round ready or failed, or the call's end
+            waiting = [n for n, f in flights.items() if "error" not in f and f["server"].ready_s is None]
+            while waiting and time.time() < deadline - 15:
+                for name in list(waiting):
+                    server = flights[name]["server"]
+                    try:
+                        if server.poll_ready():
+                            log(f"{name}: ready in {server.ready_s:.0f} s")
+                            waiting.remove(name)
+                        elif time.time() - server.started_at > args.startup_timeout_s:
+                            raise srv.ServerError(f"server not ready after {args.startup_timeout_s:.0f} s; log tail:\n"
+                                                  f"{server.log_tail()}")
+                    except srv.ServerError as e:
+                        flights[name]["error"] = str(e)
+                        log(f"{name}: FAILED to start: {str(e).splitlines()[0][:300]}")
+                        waiting.remove(name)
+                if waiting:
+                    time.sleep(2)
+            if waiting:
+                break
+            for name in [n for n in sessions if n in flights]:
+                need = 5 if "error" in flights[name] else session_work_s(args, name)
+                if time.time() + need > deadline:
+                    log(f"{name}: ready, but its requests need up to {need:.0f} s and "
+                        f"{deadline - time.time():.0f} s are left in this call")
+                    raise TimeoutError
+                result = finish_session(args, flights.pop(name), deadline)
+                with open(os.path.join(results_dir, f"{name}.json"), "w") as f:
+                    json.dump(result, f)
+                save_flights(args.work, flights)
+    except TimeoutError:
+        pass
+    save_flights(args.work, flights)
+    if flights or queue:
+        log(f"run: call ends with {sorted(flights) or 'no'} server(s) left running (the next call's run stage takes "
+            f"them over while the machine is warm) and {queue or 'no'} session(s) not started; run again with "
+            f"--stages run,report --sessions {','.join(list(flights) + queue)}")
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -327,6 +465,9 @@ def stage_report(args) -> None:
     doc = report.build(sessions, weights, st.make_setups(args.moe_c), margin=args.margin,
                        logprob_tol=args.logprob_tol, tp=args.tp, seed=args.seed,
                        config=model_config.make_config())
+    doc["harness"]["servers_at_once"] = args.servers_at_once
+    doc["harness"]["measurement"] = ("servers of a round start together; each session's requests run alone, the "
+                                     "other servers of the round idle beside it on the same GPU")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump(doc, f, indent=1)
@@ -341,8 +482,9 @@ def stage_report(args) -> None:
             if os.path.isdir(os.path.join(args.work, "weights")):
                 tar.add(os.path.join(args.work, "weights"), arcname="weights")
     print(table)
-    log(f"report: {len(sessions)} session(s); checks {sum(c['pass'] for c in doc['checks'])}/{len(doc['checks'])} "
-        f"passed; plot: {plot or 'not drawn'}; files in {args.out}")
+    gating = [c for c in doc["checks"] if c.get("gating", True)]
+    log(f"report: {len(sessions)} session(s); gating checks {sum(c['pass'] for c in gating)}/{len(gating)} passed "
+        f"({len(doc['checks'])} rows); plot: {plot or 'not drawn'}; files in {args.out}")
 
 
 def main(argv=None) -> int:
@@ -366,10 +508,16 @@ def main(argv=None) -> int:
     ap.add_argument("--moe-c", default="marlin", choices=("marlin", "flashinfer_mxfp4"),
                     help="MoE runner of the native setup (c)")
     ap.add_argument("--port", type=int, default=30100)
-    ap.add_argument("--startup-timeout-s", type=float, default=420)
+    ap.add_argument("--startup-timeout-s", type=float, default=900, help="a server not ready this long after its "
+                    "start has failed (servers started together compile side by side)")
+    ap.add_argument("--servers-at-once", type=int, default=3, help="servers started together in a round "
+                    "(their requests still run one session at a time)")
+    ap.add_argument("--max-total-tokens", type=int, default=262144, help="each server's KV pool cap in tokens "
+                    "(servers share the GPU; the largest request set, the soak, holds under ~200K)")
     ap.add_argument("--deadline-s", type=float, default=570, help="stop starting sessions this long after launch "
                     "(a device call lasts at most 600 s)")
     ap.add_argument("--rebuild", action="store_true", help="build our library again")
+    ap.add_argument("--rerun", action="store_true", help="run sessions again that have results from an earlier call")
     args = ap.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
     bad = [s for s in stages if s not in STAGES]
@@ -377,6 +525,8 @@ def main(argv=None) -> int:
         ap.error(f"--stages: unknown {bad}; expected some of {', '.join(STAGES)}")
     if args.tp < 1:
         ap.error(f"--tp must be >= 1, got {args.tp}")
+    if args.servers_at_once < 1:
+        ap.error(f"--servers-at-once must be >= 1, got {args.servers_at_once}")
     sessions = [s for s in args.sessions.split(",") if s]
     try:
         for s in sessions:

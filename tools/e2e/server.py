@@ -18,11 +18,27 @@ class ServerError(RuntimeError):
 
 
 class Server:
+    """One server in its own process group. ``state()`` / ``adopt()`` let a later call of the harness (a new process)
+    take over a server an earlier call left running: its process group outlives the call while the machine is
+    warm."""
+
     def __init__(self, cmd: List[str], env: Dict[str, str], log_path: str, port: int, cwd: Optional[str] = None):
         self.cmd, self.env, self.log_path, self.port, self.cwd = cmd, env, log_path, port, cwd
         self.proc: Optional[subprocess.Popen] = None
+        self.pid: Optional[int] = None  # the process group's leader (the launcher)
         self.started_at = 0.0
         self.ready_s: Optional[float] = None
+        self._log = None
+
+    def state(self) -> Dict[str, object]:
+        return {"cmd": self.cmd, "log_path": self.log_path, "port": self.port, "pid": self.pid,
+                "started_at": self.started_at, "ready_s": self.ready_s}
+
+    @classmethod
+    def adopt(cls, state: Dict[str, object]) -> "Server":
+        s = cls(list(state["cmd"]), {}, str(state["log_path"]), int(state["port"]))
+        s.pid, s.started_at, s.ready_s = int(state["pid"]), float(state["started_at"]), state.get("ready_s")
+        return s
 
     @property
     def url(self) -> str:
@@ -37,52 +53,70 @@ class Server:
         # its own process group: stop() ends the launcher, scheduler, TP workers and detokenizer together
         self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def exited(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is not None
+        return self.pid is None or not group_members(self.pid)
+
+    def exit_code(self) -> Optional[int]:
+        return self.proc.returncode if self.proc is not None else None
+
+    def poll_ready(self) -> bool:
+        """True once /health answers 200; raises ServerError if the server is gone."""
+        if self.ready_s is not None:
+            return True
+        if self.exited():
+            raise ServerError(f"server exited with code {self.exit_code()} during start-up; "
+                              f"log tail:\n{self.log_tail()}")
+        try:
+            code, _ = http("GET", self.url + "/health", timeout=5)
+        except (OSError, urllib.error.URLError):
+            return False
+        if code == 200:
+            self.ready_s = time.time() - self.started_at
+            return True
+        return False
 
     def wait_ready(self, timeout_s: float) -> float:
         """Block until /health answers 200 (the model is loaded and warmed); returns the seconds it took."""
         deadline = self.started_at + timeout_s
         while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerError(f"server exited with code {self.proc.returncode} during start-up; "
-                                  f"log tail:\n{self.log_tail()}")
-            try:
-                code, _ = http("GET", self.url + "/health", timeout=5)
-                if code == 200:
-                    self.ready_s = time.time() - self.started_at
-                    return self.ready_s
-            except (OSError, urllib.error.URLError):
-                pass
+            if self.poll_ready():
+                return self.ready_s
             time.sleep(2)
         raise ServerError(f"server not ready after {timeout_s:.0f} s; log tail:\n{self.log_tail()}")
 
     def stop(self, grace_s: float = 20.0) -> None:
-        if self.proc is None:
+        if self.pid is None:
             return
-        if self.proc.poll() is None:
+        if not self.exited():
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.killpg(self.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
+            end = time.time() + grace_s
+            while time.time() < end and not self.exited():
+                time.sleep(0.5)
         try:  # whatever of the group is left (workers that ignored SIGTERM)
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.proc is not None:
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
         # the next server needs the GPU memory: wait until no process of the group is left
         deadline = time.time() + 30
-        while time.time() < deadline and group_members(self.proc.pid):
+        while time.time() < deadline and group_members(self.pid):
             time.sleep(0.5)
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return not self.exited()
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -153,9 +187,12 @@ def generate_stream(url: str, body: dict, timeout: float = 900) -> Iterator[Tupl
 STARTUP_LINE = re.compile(r"\[deepseek_v4_kernel [^\]]*\] (active|inactive): .*")
 PATCHED_LINE = re.compile(r"deepseek_v4_kernel: (?:patched (\S+) -> (\S+)|set (\S+)=(\S+) \((\w+)\)( again)?)")
 HANDBACK_LINE = re.compile(r"deepseek_v4_kernel: (\w+): handing this call back to the original (\S+): (.*)")
+KEPT_LINE = re.compile(r"deepseek_v4_kernel: (\w+): keeping (?:the original \S+|SGLang's \S+ pre-GEMM) for this size: (.*)")
 RAN_LINE = re.compile(r"deepseek_v4_kernel: (\w+): first call ran (\S+)")   # ops/_stats.count, once per (op, impl)
 SHIM_LINE = re.compile(r"\[dsv4-e2e-shim\] pid (\d+) \(([^)]*)\): (.*)")
 WEIGHTS_LINE = re.compile(r"\[dsv4-e2e-shim\] pid (\d+): seeded dummy weights")
+KV_LINE = re.compile(r"KV [Cc]ache (?:is )?allocated\. .*?#tokens: (\d+).*?avail mem=([\d.]+) GB")
+WEIGHTS_MEM_LINE = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
 ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\bERROR\b|CUDA error|RuntimeError|Exception in ")
 
 
@@ -181,7 +218,11 @@ def parse_log(text: str) -> Dict[str, object]:
         "patched": sorted(patched),
         "env_set": sorted(env_set),
         "handback_warnings": handbacks,
+        "kept": sorted({f"{op}: {why[:120]}" for op, why in KEPT_LINE.findall(text)}),
         "ran": sorted({f"{op}:{impl}" for op, impl in RAN_LINE.findall(text)}),
         "weights_seeded_processes": len(set(WEIGHTS_LINE.findall(text))),
         "error_lines": len(ERROR_LINE.findall(text)),
+        # the KV pool's tokens and the GPU memory left after it, as each TP worker logged them (last sizing wins)
+        "weights_gb": [float(g) for g in WEIGHTS_MEM_LINE.findall(text)][-8:],
+        "kv_pool": [{"tokens": int(t), "avail_gb": float(g)} for t, g in KV_LINE.findall(text)][-8:],
     }

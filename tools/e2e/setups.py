@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 SETUP_KEYS = ("a", "b", "c")
 
@@ -138,7 +138,7 @@ def server_env(setup: Setup, paths: Paths, base_env: Dict[str, str], seed: int, 
 def server_command(setup: Setup, paths: Paths, *, port: int, tp: int = 1, cuda_graphs: bool = True,
                    mtp: bool = False, context_length: int = 70000, max_running: int = 64,
                    cuda_graph_max_bs: int = 32, mem_fraction: float = 0.7, seed: int = 0,
-                   python: str = "python3") -> List[str]:
+                   max_total_tokens: Optional[int] = None, python: str = "python3") -> List[str]:
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     cmd = [python, "-m", "sglang.launch_server",
@@ -146,6 +146,8 @@ def server_command(setup: Setup, paths: Paths, *, port: int, tp: int = 1, cuda_g
            "--host", "127.0.0.1", "--port", str(port), "--tp-size", str(tp),
            "--context-length", str(context_length), "--max-running-requests", str(max_running),
            "--mem-fraction-static", str(mem_fraction), "--random-seed", str(seed), "--log-level", "info"]
+    if max_total_tokens is not None:  # servers that share one GPU: each KV pool capped, not sized from free memory
+        cmd += ["--max-total-tokens", str(max_total_tokens)]
     cmd += list(setup.server_args)
     if cuda_graphs:  # SGLang's default graph backends; capture only the batch sizes the harness measures (each
         # captured size costs start-up time; other batch sizes pad to the next captured one)
