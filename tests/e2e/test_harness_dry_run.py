@@ -94,6 +94,10 @@ def test_dry_run_produces_results_and_checks(tmp_path):
     b = doc["sessions"]["b-graphs"]
     assert b["started"] and b["served"] and b["throughput"]["decode"][2]["concurrency"] == 32
     assert doc["profile_b"]["share"] == {"sparse_mla": 0.7, "moe_experts": 0.3}
+    # every graphs session is profiled: per-op time per step side by side (the stand-in's trace: 100 us over 20 steps)
+    assert set(doc["profiles"]) == {"b", "c"}
+    assert doc["profiles"]["c"]["us_per_step"] == {"sparse_mla": 3.5, "moe_experts": 1.5}
+    assert "## Decode step per op" in open(out / "e2e_table.md").read()
     assert doc["sessions"]["b-graphs-soak"]["soak"]["completed"] == 12
     checks = {c["name"]: c["pass"] for c in doc["checks"]}
     assert checks["b-graphs agrees with c-graphs"] and checks["c-graphs: starts and serves"]

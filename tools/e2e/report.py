@@ -200,6 +200,8 @@ def build(sessions: Dict[str, dict], weights: Dict[str, dict], setups, *, margin
         "comparisons": comps,
         "throughput": throughput_rows(sessions),
         "profile_b": (sessions.get("b-graphs") or {}).get("profile"),
+        "profiles": {key: (sessions.get(f"{key}-graphs") or {}).get("profile") for key in ("a", "b", "c")
+                     if ((sessions.get(f"{key}-graphs") or {}).get("profile") or {}).get("us_per_step")},
         "checks": checks(sessions, weights, comps, tp),
     }
 
@@ -238,6 +240,22 @@ def markdown(doc: dict) -> str:
             out.append(f"| {c['candidate']} | {c['reference']} | {c['identical_prompts']}/{c['prompts']} | "
                        f"{k['mean_agreed_prefix']:.2f} | {k['first_token_differences']}/{k['prompts']} | "
                        f"{_fmt(k['median_logprob_diff'])} / {c['max_logprob_diff']:.2f} |")
+    profiles = doc.get("profiles") or {}
+    if len(profiles) > 1:
+        keys = [k for k in ("a", "b", "c") if k in profiles]
+        ops = sorted({op for p in profiles.values() for op in p["us_per_step"]},
+                     key=lambda op: -max(p["us_per_step"].get(op, 0) for p in profiles.values()))
+        out += ["", "## Decode step per op, GPU kernel us per step (torch profiler, concurrency 8)", "",
+                "| op | " + " | ".join(f"({k})" for k in keys) + (" | (a) / (b) |" if "a" in keys and "b" in keys
+                                                                   else " |"),
+                "|---" * (len(keys) + 1 + ("a" in keys and "b" in keys)) + "|"]
+        for op in ops + ["total"]:
+            vals = {k: (sum(profiles[k]["us_per_step"].values()) if op == "total" else profiles[k]["us_per_step"].get(op))
+                    for k in keys}
+            row = f"| {op} | " + " | ".join(_fmt(vals[k]) for k in keys)
+            if "a" in keys and "b" in keys:
+                row += f" | {_fmt(vals['a'] / vals['b']) if vals['a'] and vals['b'] else '-'}"
+            out.append(row + " |")
     for name, s in sorted(doc["sessions"].items()):
         hb = (s.get("log") or {}).get("handback_warnings") or {}
         if s.get("setup") == "b":

@@ -10,7 +10,7 @@ Stages (each call runs the stages it names, and ``report`` always writes what is
 * ``run``: for each session (``<setup>-<graphs|eager>[-mtp]``, setups a/b/c of setups.py) start
   ``python3 -m sglang.launch_server`` with the setup's environment, send the correctness requests (16 prompts x 32
   greedy tokens, logprobs and top-2), and in ``<setup>-graphs`` sessions with --throughput the throughput table,
-  with --profile the per-op profile of (b)'s decode step, then stop the server (its whole process group);
+  with --profile the per-op profile of its decode step, then stop the server (its whole process group);
   ``--soak N`` runs a separate ``b-graphs-soak`` session;
 * ``report``: compare the sessions' outputs, run the checks, write e2e.json, e2e_table.md, e2e_throughput.png
   (if matplotlib is there) and e2e_logs.tar.xz to --out.
@@ -259,7 +259,7 @@ def session_work_s(args, name: str) -> float:
     need = WORK_BUDGET_S["correctness"]
     if graphs and not mtp and args.throughput:
         need += WORK_BUDGET_S["throughput"]
-    if key == "b" and graphs and not mtp and args.profile:
+    if graphs and not mtp and args.profile:
         need += WORK_BUDGET_S["profile"]
     return need
 
@@ -317,7 +317,7 @@ def finish_session(args, flight: dict, deadline: float) -> dict:
                 t1 = time.time()
                 result["throughput"] = wl.throughput(server.url, args.seed, quick=args.quick)
                 log(f"{name}: throughput in {time.time() - t1:.0f} s: " + summarize_throughput(result["throughput"]))
-            if key == "b" and graphs and not mtp and args.profile:
+            if graphs and not mtp and args.profile:   # every setup: per-op time of a step, (a) / (b) / (c) side by side
                 result["profile"] = wl.profile_decode(server.url, args.seed,
                                                       os.path.join(args.work, "profile", name))
                 share = result["profile"].get("share", {})
@@ -501,7 +501,7 @@ def main(argv=None) -> int:
                     "different token is allowed")
     ap.add_argument("--logprob-tol", type=float, default=0.1, help="nats: chosen-token logprob agreement")
     ap.add_argument("--throughput", action="store_true", help="throughput table in the <setup>-graphs sessions")
-    ap.add_argument("--profile", action="store_true", help="per-op profile of (b)'s decode step")
+    ap.add_argument("--profile", action="store_true", help="per-op profile of each setup's decode step (graphs sessions)")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats in the throughput stage")
     ap.add_argument("--soak", type=int, default=0, help="requests of the b-graphs-soak session (0: none)")
     ap.add_argument("--soak-concurrency", type=int, default=32)

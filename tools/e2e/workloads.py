@@ -193,6 +193,8 @@ def profile_decode(url: str, seed: int, out_dir: str, concurrency: int = 8, step
         for name, us in kernel_times(path).items():
             times[name] = times.get(name, 0.0) + us
     result = op_shares(times)
+    # GPU kernel time per op and decode step (the profiled steps all decode ``concurrency`` streams)
+    result["us_per_step"] = {op: share * result["total_kernel_us"] / steps for op, share in result["share"].items()}
     result.update({"steps": steps, "concurrency": concurrency, "traces": [os.path.basename(t) for t in traces]})
     return result
 
