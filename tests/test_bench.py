@@ -220,6 +220,41 @@ def test_without_prefer_measured_nothing_changes(this_gpu, monkeypatch):
     measured.check("sparse_decode", "h16/b33+")   # no file, no setting: a no-op
 
 
+def test_a_file_the_bench_wrote_on_a_gpu_is_read_and_decides(monkeypatch):
+    """tests/data/bench-nvidia-h200-sm90-tp1.json is what ``python -m deepseek_v4_kernel bench`` wrote on an H200
+    (SGLang 0.5.17 with TileLang, DeepGEMM and FlashMLA installed): DSV4_KERNEL_PREFER=measured reads it, and the
+    doctor names it and what it decides per op."""
+    path = os.path.join(ROOT, "tests", "data", "bench-nvidia-h200-sm90-tp1.json")
+    with open(path) as f:
+        data = json.load(f)
+    assert measured.validate(data, "NVIDIA H200", (9, 0), "0.5.17", data["deepseek_v4_kernel"]) is None
+    m = measured.read([path], "NVIDIA H200", (9, 0), "0.5.17", data["deepseek_v4_kernel"])
+    assert m.ok and set(m.classes) == set(measured.OPS)
+    for op in measured.OPS:   # the labels the file holds are the classes the patch layer asks about
+        assert set(m.classes[op]) <= {measured.size_class(op, n, **({"heads": 64} if op == "sparse_decode" else {}))
+                                      for n in measured.class_representatives(op)}, op
+    assert measured.op_decision("indexer_logits", m)[0]
+    v = m.classes["indexer_logits"]["b9+"]
+    assert v["winner"] == "ours" and v["sglang"].endswith("tilelang_fp8_paged_mqa_logits") and v["handback_runnable"]
+    # a class SGLang's kernel cannot run here (FlashInfer's SM120 sparse MLA on sm_90) stays ours
+    assert measured.prefers_ours("sparse_decode", "h64/b1", m)[0]
+    monkeypatch.setattr(policy, "device_info", lambda: policy.DeviceInfo([(9, 0)], ["NVIDIA H200"], "nvml"))
+    monkeypatch.setattr(policy, "sglang_version", lambda: "0.5.17")
+    monkeypatch.setenv(measured.PATH_ENV, path)
+    monkeypatch.setenv(policy.PREFER, "measured")
+    measured._reset_for_tests()
+    try:
+        from deepseek_v4_kernel import __version__
+
+        lines = "\n".join(measured.doctor_lines())
+        if __version__ != data["deepseek_v4_kernel"]:   # a newer package calls the file stale, and says so
+            assert "stale: run bench again" in lines
+        else:
+            assert f"read {path}" in lines and "indexer_logits: DSV4_KERNEL_PREFER=measured: ours faster at" in lines
+    finally:
+        measured._reset_for_tests()
+
+
 def test_builtin_keeps_tilelang_indexer_at_one_row_unless_preferred(this_gpu, monkeypatch):
     """Without DSV4_KERNEL_PREFER: the TileLang indexer (SGLang's SM120 path) is kept at b = 1, where it was
     measured faster, and only where the replaced kernel is TileLang; PREFER=ours runs ours; PREFER=measured follows

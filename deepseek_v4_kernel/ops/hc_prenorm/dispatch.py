@@ -279,7 +279,7 @@ _CUDA_AUTO_SUB = 32   # most sub-slices auto picks (H100 sweep: the last block's
                       # the best point at m = 128-256, 4 % off P = 64 at m = 64)
 _CUDA_AUTO_SUB_ATOMIC = 48   # the same with the atomic sum (no partials to sum). H100, num_splits None, m = 64 /
                              # 96 / 128: P = 48 5.35 / 5.66 / 5.96 us, P = 32 5.67 / 5.93 / 6.21, P = 64 5.55 / 5.85 /
-                             # 6.20 (call 7); the rule with 48 against 32, m = 64-192: 4-6 % faster (call 8)
+                             # 6.20; the rule with 48 against 32, m = 64-192: 4-6 % faster
 _CUDA_ROWS = 64       # x rows per block (hcp::kRows)
 _CUDA_CHUNK = 32      # K per warp step (hcp::kChunk); the kFast kernel needs whole chunks
 _CUDA_MAX_N = 24      # DSV4_HC_PRENORM_MAX_N
