@@ -77,3 +77,10 @@ def test_closeness_summarises_prefix_first_token_and_logprob_diffs():
     k = cmp.compare("b", cand, "c", ref, margin=0.1, logprob_tol=0.1).summary()["closeness"]
     assert k["mean_agreed_prefix"] == 1.0 and k["first_token_differences"] == 1
     assert k["median_logprob_diff"] == pytest.approx(0.2)
+
+
+def test_forced_scores_compare_position_by_position():
+    ref = [{"token_logprobs": [[None, 5], [-0.5, 6], [-1.0, 7]], "top_logprobs": [[], [[-0.5, 6]], [[-1.0, 7]]]}]
+    cand = [{"token_logprobs": [[None, 5], [-0.7, 6], [-1.0, 7]], "top_logprobs": [[], [[-0.7, 6]], [[-0.9, 8]]]}]
+    f = cmp.forced("b", cand, "c", ref)
+    assert f["positions"] == 2 and f["max_logprob_diff"] == pytest.approx(0.2) and f["same_top_token"] == 0.5

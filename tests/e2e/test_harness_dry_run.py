@@ -48,6 +48,12 @@ FAKE_SERVER = textwrap.dedent('''
             n = req["sampling_params"]["max_new_tokens"]
             out = tokens(req["input_ids"], n)
             meta = {"completion_tokens": n, "prompt_tokens": len(req["input_ids"])}
+            start = req.get("logprob_start_len", -1)
+            if req.get("return_logprob") and start >= 0:   # teacher-forced scoring of the input from `start` on
+                scored = req["input_ids"][start:]
+                meta["input_token_logprobs"] = [[-0.5 - (0.01 * SHIFT if i == 2 else 0), t, None]
+                                                for i, t in enumerate(scored)]
+                meta["input_top_logprobs"] = [[[-0.5, t, None], [-2.5, t + 1, None]] for t in scored]
             if req.get("return_logprob"):
                 meta["output_token_logprobs"] = [[-0.5, t, None] for t in out]
                 meta["output_top_logprobs"] = [[[-0.5, t, None], [-2.5, t + 1, None]] for t in out]
@@ -98,6 +104,10 @@ def test_dry_run_produces_results_and_checks(tmp_path):
     assert set(doc["profiles"]) == {"b", "c"}
     assert doc["profiles"]["c"]["us_per_step"] == {"sparse_mla": 3.5, "moe_experts": 1.5}
     assert "## Decode step per op" in open(out / "e2e_table.md").read()
+    # every session scored c-graphs' tokens teacher-forced (16 prompts x 32 tokens)
+    forced = {f["candidate"]: f for f in doc["forced"]}
+    assert set(forced) == {"b-graphs", "a-eager"}
+    assert forced["b-graphs"]["positions"] == 16 * 32 and forced["b-graphs"]["median_logprob_diff"] == 0
     assert doc["sessions"]["b-graphs-soak"]["soak"]["completed"] == 12
     checks = {c["name"]: c["pass"] for c in doc["checks"]}
     assert checks["b-graphs agrees with c-graphs"] and checks["c-graphs: starts and serves"]

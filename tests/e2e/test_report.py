@@ -173,3 +173,14 @@ def test_finished_run_covers_the_issue():
     assert {r["setup"] for r in doc["throughput"]} == {"a", "b", "c"}
     assert (doc.get("profile_b") or {}).get("share"), "no per-op profile of (b)"
     assert any(s.get("soak") for s in doc["sessions"].values()), "no soak session"
+
+
+def test_teacher_forced_check_fails_a_patch_further_off_than_sglangs_own_path():
+    def f(name, med, p90):
+        return {"candidate": name, "reference": "c-graphs", "positions": 512, "median_logprob_diff": med,
+                "p90_logprob_diff": p90, "max_logprob_diff": 1.0, "same_top_token": 0.9}
+    name = "b-graphs scores c-graphs' tokens as closely as (a) does (teacher-forced)"
+    ok = report.forced_checks([f("b-graphs", 0.02, 0.08), f("a-graphs", 0.02, 0.07), f("c-eager", 0.0, 0.01)])
+    bad = report.forced_checks([f("b-graphs", 0.30, 0.90), f("a-graphs", 0.02, 0.07)])
+    assert [c["name"] for c in ok] == [name] and ok[0]["pass"] and "floor c-eager" in ok[0]["detail"]
+    assert not bad[0]["pass"]

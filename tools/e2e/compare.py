@@ -146,3 +146,23 @@ def compare(candidate_name: str, candidate: Sequence[Sequence[Step]], reference_
         raise ValueError(f"{candidate_name} has {len(candidate)} prompts, {reference_name} {len(reference)}")
     prompts = [compare_prompt(i, c, r, margin, logprob_tol) for i, (c, r) in enumerate(zip(candidate, reference))]
     return Comparison(candidate_name, reference_name, margin, logprob_tol, prompts)
+
+
+def forced(candidate_name: str, candidate: Sequence[dict], reference_name: str, reference: Sequence[dict]) -> Dict[str, object]:
+    """Two setups' teacher-forced scores of the same token sequences (workloads.run_forced): per position the
+    difference of the forced token's logprob, and whether both put the same token on top."""
+    diffs: List[float] = []
+    same_top = positions = 0
+    for c, r in zip(candidate, reference):
+        for (clp, ctok), (rlp, rtok), ctop, rtop in zip(c["token_logprobs"], r["token_logprobs"],
+                                                        c["top_logprobs"], r["top_logprobs"]):
+            if ctok != rtok or clp is None or rlp is None:
+                continue   # the first scored position may carry no logprob (nothing before it)
+            positions += 1
+            diffs.append(abs(float(clp) - float(rlp)))
+            same_top += bool(ctop and rtop and ctop[0][1] == rtop[0][1])
+    diffs.sort()
+    pick = lambda q: diffs[min(len(diffs) - 1, int(q * len(diffs)))] if diffs else None  # noqa: E731
+    return {"candidate": candidate_name, "reference": reference_name, "positions": positions,
+            "median_logprob_diff": pick(0.5), "p90_logprob_diff": pick(0.9), "max_logprob_diff": diffs[-1] if diffs
+            else None, "same_top_token": same_top / positions if positions else None}

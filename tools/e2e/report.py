@@ -59,6 +59,35 @@ def comparisons(sessions: Dict[str, dict], margin: float, logprob_tol: float) ->
     return out
 
 
+FORCED_FRACTION = 1.5   # teacher-forced: (b)'s median and p90 logprob differences at most this times (a)'s
+
+
+def forced_comparisons(sessions: Dict[str, dict]) -> List[dict]:
+    """Every session's teacher-forced scores of c-graphs' tokens against c-graphs' own (c-eager's: the floor)."""
+    ref = (sessions.get("c-graphs") or {}).get("forced")
+    if not ref:
+        return []
+    return [cmp.forced(name, s["forced"], "c-graphs", ref) for name, s in sorted(sessions.items())
+            if name != "c-graphs" and s.get("forced")]
+
+
+def forced_checks(forced: List[dict]) -> List[dict]:
+    by = {f["candidate"]: f for f in forced}
+    out = []
+    for mode in ("graphs", "eager"):
+        b, a = by.get(f"b-{mode}"), by.get(f"a-{mode}")
+        if not b or not a or b["median_logprob_diff"] is None or a["median_logprob_diff"] is None:
+            continue
+        ok = (b["median_logprob_diff"] <= FORCED_FRACTION * a["median_logprob_diff"]
+              and b["p90_logprob_diff"] <= FORCED_FRACTION * a["p90_logprob_diff"])
+        floor = by.get("c-eager")
+        text = lambda f: (f"{f['candidate']}: median {f['median_logprob_diff']:.3f}, p90 {f['p90_logprob_diff']:.3f}, "  # noqa: E731
+                          f"same top token {f['same_top_token']:.0%} of {f['positions']}")
+        out.append(_check(f"b-{mode} scores c-graphs' tokens as closely as (a) does (teacher-forced)", ok,
+                          f"{text(b)}; {text(a)}" + (f"; floor {text(floor)}" if floor else "")))
+    return out
+
+
 def _check(name: str, ok: bool, detail: str, gating: bool = True) -> dict:
     """A check of the run; ``gating`` False marks a row shown for information (it does not fail the run)."""
     return {"name": name, "pass": bool(ok), "detail": detail, "gating": gating}
@@ -134,6 +163,7 @@ def checks(sessions: Dict[str, dict], weights: Dict[str, dict], comps: List[dict
                           + ("" if strict_gates else "; information only: the native noise floor fails it too"),
                           gating=strict_gates))
     out += relative_checks(comps)
+    out += forced_checks(forced_comparisons(sessions))
     return out
 
 
@@ -189,6 +219,7 @@ def build(sessions: Dict[str, dict], weights: Dict[str, dict], setups, *, margin
     slim = {name: {k: v for k, v in s.items() if k != "outputs"} for name, s in sessions.items()}
     outputs = {name: [{k: o.get(k) for k in ("output_ids", "output_token_logprobs", "output_top_logprobs")}
                       for o in s["outputs"]] for name, s in sessions.items() if s.get("outputs")}
+    slim = {name: {k: v for k, v in s.items() if k != "forced"} for name, s in slim.items()}
     return {
         "harness": {"sglang": SGLANG_VERSION, "tp": tp, "seed": seed, "margin_nats": margin,
                     "logprob_tol_nats": logprob_tol, "layers": layer_kinds(config),
@@ -198,6 +229,7 @@ def build(sessions: Dict[str, dict], weights: Dict[str, dict], setups, *, margin
         "sessions": slim,
         "outputs": outputs,
         "comparisons": comps,
+        "forced": forced_comparisons(sessions),
         "throughput": throughput_rows(sessions),
         "profile_b": (sessions.get("b-graphs") or {}).get("profile"),
         "profiles": {key: (sessions.get(f"{key}-graphs") or {}).get("profile") for key in ("a", "b", "c")
@@ -240,6 +272,14 @@ def markdown(doc: dict) -> str:
             out.append(f"| {c['candidate']} | {c['reference']} | {c['identical_prompts']}/{c['prompts']} | "
                        f"{k['mean_agreed_prefix']:.2f} | {k['first_token_differences']}/{k['prompts']} | "
                        f"{_fmt(k['median_logprob_diff'])} / {c['max_logprob_diff']:.2f} |")
+    if doc.get("forced"):
+        out += ["", "## Teacher-forced scores of c-graphs' tokens (logprob difference to c-graphs, nats)", "",
+                "| session | positions | median | p90 | max | same top token |", "|---|---|---|---|---|---|"]
+        for f in doc["forced"]:
+            nats = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+            out.append(f"| {f['candidate']} | {f['positions']} | {nats(f['median_logprob_diff'])} | "
+                       f"{nats(f['p90_logprob_diff'])} | {nats(f['max_logprob_diff'])} | "
+                       f"{nats(f['same_top_token'])} |")
     profiles = doc.get("profiles") or {}
     if len(profiles) > 1:
         keys = [k for k in ("a", "b", "c") if k in profiles]

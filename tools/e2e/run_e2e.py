@@ -9,7 +9,7 @@ Stages (each call runs the stages it names, and ``report`` always writes what is
   <work>/dsv4 (``DSV4_KERNEL_EXTRA_ARCHS=90a scripts/build.sh``, once), write the model config;
 * ``run``: for each session (``<setup>-<graphs|eager>[-mtp]``, setups a/b/c of setups.py) start
   ``python3 -m sglang.launch_server`` with the setup's environment, send the correctness requests (16 prompts x 32
-  greedy tokens, logprobs and top-2), and in ``<setup>-graphs`` sessions with --throughput the throughput table,
+  greedy tokens, logprobs and top-2; then c-graphs' tokens scored teacher-forced), and in ``<setup>-graphs`` sessions with --throughput the throughput table,
   with --profile the per-op profile of its decode step, then stop the server (its whole process group);
   ``--soak N`` runs a separate ``b-graphs-soak`` session;
 * ``report``: compare the sessions' outputs, run the checks, write e2e.json, e2e_table.md, e2e_throughput.png
@@ -283,6 +283,21 @@ def start_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str,
     return {"result": result, "server": server, "weight_log": weight_log}
 
 
+FORCED_REFERENCE = "c-graphs"   # whose greedy tokens every session scores teacher-forced
+
+
+def reference_outputs(work: str, name: str, result: dict) -> Optional[List[dict]]:
+    """The reference session's greedy outputs (this session's own when it is the reference), or None."""
+    if name == FORCED_REFERENCE:
+        return result.get("outputs")
+    try:
+        with open(os.path.join(work, "results", f"{FORCED_REFERENCE}.json")) as f:
+            outputs = json.load(f).get("outputs")
+    except (OSError, ValueError):
+        return None
+    return outputs if outputs and all(o.get("output_ids") for o in outputs) else None
+
+
 def finish_session(args, flight: dict, deadline: float) -> dict:
     """Run a ready (or failed) session's requests, stop its server, collect its log; returns the session's result."""
     result, server = flight["result"], flight["server"]
@@ -311,6 +326,9 @@ def finish_session(args, flight: dict, deadline: float) -> dict:
                 result["outputs"] = wl.run_correctness(server.url, prompts, args.new_tokens, logprobs=False)
             result["correctness_s"] = time.time() - t1
             result["served"] = all(o["completion_tokens"] == args.new_tokens for o in result["outputs"])
+            ref = reference_outputs(args.work, name, result)
+            if ref is not None:   # the reference's tokens, scored by this setup: no divergence cuts it short
+                result["forced"] = wl.run_forced(server.url, prompts, [o["output_ids"] for o in ref])
             log(f"{name}: {len(prompts)} prompts x {args.new_tokens} tokens in {result['correctness_s']:.1f} s "
                 f"(served: {result['served']})")
             if graphs and not mtp and args.throughput:

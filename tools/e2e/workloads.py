@@ -56,6 +56,24 @@ def run_correctness(url: str, prompts: Sequence[List[int]], new_tokens: int, con
         return list(pool.map(one, prompts))
 
 
+def run_forced(url: str, prompts: Sequence[List[int]], reference_ids: Sequence[List[int]],
+               concurrency: int = 4) -> List[dict]:
+    """Teacher-forced scoring: each prompt followed by the reference's greedy tokens, one prefill that returns the
+    logprob of every reference token and the top-2 there (input_token_logprobs from logprob_start_len = the prompt's
+    length). Every setup scores the same token sequences, so no divergence cuts the comparison short."""
+    def one(args):
+        ids, ref = args
+        body = srv.generate_request(list(ids) + list(ref), 1, logprobs=True)
+        body["logprob_start_len"] = len(ids)
+        meta = srv.generate(url, body).get("meta_info", {})
+        chosen = meta.get("input_token_logprobs") or []
+        tops = meta.get("input_top_logprobs") or [[] for _ in chosen]
+        return {"token_logprobs": [[lp, tok] for lp, tok, *_ in chosen],
+                "top_logprobs": [[[t[0], t[1]] for t in (top or [])] for top in tops]}
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, zip(prompts, reference_ids)))
+
+
 def _stream_timed(url: str, ids: List[int], new_tokens: int) -> dict:
     """One streamed request: time to first token, and decode rate from the first to the last token."""
     t0 = time.time()
