@@ -148,7 +148,8 @@ def compare(candidate_name: str, candidate: Sequence[Sequence[Step]], reference_
     return Comparison(candidate_name, reference_name, margin, logprob_tol, prompts)
 
 
-def forced(candidate_name: str, candidate: Sequence[dict], reference_name: str, reference: Sequence[dict]) -> Dict[str, object]:
+def forced(candidate_name: str, candidate: Sequence[dict], reference_name: str,
+           reference: Sequence[dict]) -> Dict[str, object]:
     """Two setups' teacher-forced scores of the same token sequences (workloads.run_forced): per position the
     difference of the forced token's logprob, and whether both put the same token on top."""
     diffs: List[float] = []

@@ -81,8 +81,9 @@ def forced_checks(forced: List[dict]) -> List[dict]:
         ok = (b["median_logprob_diff"] <= FORCED_FRACTION * a["median_logprob_diff"]
               and b["p90_logprob_diff"] <= FORCED_FRACTION * a["p90_logprob_diff"])
         floor = by.get("c-eager")
-        text = lambda f: (f"{f['candidate']}: median {f['median_logprob_diff']:.3f}, p90 {f['p90_logprob_diff']:.3f}, "  # noqa: E731
-                          f"same top token {f['same_top_token']:.0%} of {f['positions']}")
+        def text(f):
+            return (f"{f['candidate']}: median {f['median_logprob_diff']:.3f}, p90 {f['p90_logprob_diff']:.3f}, "
+                    f"same top token {f['same_top_token']:.0%} of {f['positions']}")
         out.append(_check(f"b-{mode} scores c-graphs' tokens as closely as (a) does (teacher-forced)", ok,
                           f"{text(b)}; {text(a)}" + (f"; floor {text(floor)}" if floor else "")))
     return out
@@ -290,8 +291,8 @@ def markdown(doc: dict) -> str:
                                                                    else " |"),
                 "|---" * (len(keys) + 1 + ("a" in keys and "b" in keys)) + "|"]
         for op in ops + ["total"]:
-            vals = {k: (sum(profiles[k]["us_per_step"].values()) if op == "total" else profiles[k]["us_per_step"].get(op))
-                    for k in keys}
+            per = {k: profiles[k]["us_per_step"] for k in keys}
+            vals = {k: (sum(per[k].values()) if op == "total" else per[k].get(op)) for k in keys}
             row = f"| {op} | " + " | ".join(_fmt(vals[k]) for k in keys)
             if "a" in keys and "b" in keys:
                 row += f" | {_fmt(vals['a'] / vals['b']) if vals['a'] and vals['b'] else '-'}"

@@ -9,7 +9,8 @@ Stages (each call runs the stages it names, and ``report`` always writes what is
   <work>/dsv4 (``DSV4_KERNEL_EXTRA_ARCHS=90a scripts/build.sh``, once), write the model config;
 * ``run``: for each session (``<setup>-<graphs|eager>[-mtp]``, setups a/b/c of setups.py) start
   ``python3 -m sglang.launch_server`` with the setup's environment, send the correctness requests (16 prompts x 32
-  greedy tokens, logprobs and top-2; then c-graphs' tokens scored teacher-forced), and in ``<setup>-graphs`` sessions with --throughput the throughput table,
+  greedy tokens, logprobs and top-2; then c-graphs' tokens scored teacher-forced), and in ``<setup>-graphs``
+  sessions with --throughput the throughput table,
   with --profile the per-op profile of its decode step, then stop the server (its whole process group);
   ``--soak N`` runs a separate ``b-graphs-soak`` session;
 * ``report``: compare the sessions' outputs, run the checks, write e2e.json, e2e_table.md, e2e_throughput.png
@@ -519,7 +520,8 @@ def main(argv=None) -> int:
                     "different token is allowed")
     ap.add_argument("--logprob-tol", type=float, default=0.1, help="nats: chosen-token logprob agreement")
     ap.add_argument("--throughput", action="store_true", help="throughput table in the <setup>-graphs sessions")
-    ap.add_argument("--profile", action="store_true", help="per-op profile of each setup's decode step (graphs sessions)")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-op profile of each setup's decode step (graphs sessions)")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats in the throughput stage")
     ap.add_argument("--soak", type=int, default=0, help="requests of the b-graphs-soak session (0: none)")
     ap.add_argument("--soak-concurrency", type=int, default=32)
