@@ -217,10 +217,9 @@ def throughput_rows(sessions: Dict[str, dict]) -> List[dict]:
 def build(sessions: Dict[str, dict], weights: Dict[str, dict], setups, *, margin: float, logprob_tol: float,
           tp: int, seed: int, config: dict) -> dict:
     comps = comparisons(sessions, margin, logprob_tol)
-    slim = {name: {k: v for k, v in s.items() if k != "outputs"} for name, s in sessions.items()}
+    slim = {name: {k: v for k, v in s.items() if k not in ("outputs", "forced")} for name, s in sessions.items()}
     outputs = {name: [{k: o.get(k) for k in ("output_ids", "output_token_logprobs", "output_top_logprobs")}
                       for o in s["outputs"]] for name, s in sessions.items() if s.get("outputs")}
-    slim = {name: {k: v for k, v in s.items() if k != "forced"} for name, s in slim.items()}
     return {
         "harness": {"sglang": SGLANG_VERSION, "tp": tp, "seed": seed, "margin_nats": margin,
                     "logprob_tol_nats": logprob_tol, "layers": layer_kinds(config),

@@ -39,6 +39,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import model_config  # noqa: E402
+from build_bundle import sha256_file  # noqa: E402  (the manifest's digests are build_bundle.py's)
 import server as srv  # noqa: E402
 import setups as st  # noqa: E402
 import workloads as wl  # noqa: E402
@@ -51,14 +52,6 @@ SESSION_START_BUDGET_S = 150  # the Marlin warm-up may run until this long befor
 
 def log(msg: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------- fetch / prepare
@@ -101,7 +94,7 @@ def unpack_group(work: str, group: str, record: dict) -> None:
         if not os.path.isfile(path):
             raise SystemExit(f"prepare: part {part['file']} of group {group} is missing in {work}/parts "
                              f"(carry it in a call with --stages fetch first)")
-        if sha256(path) != part["sha256"]:
+        if sha256_file(path) != part["sha256"]:
             raise SystemExit(f"prepare: {path} does not match the manifest's sha256 (expected {part['sha256']})")
         paths.append(path)
     dest = os.path.join(work, record["dest"])
