@@ -140,6 +140,16 @@ int dsv4_hc_prenorm(const HcPrenormParams* p, void* stream) {
                (long long)p->num_splits, (long long)p->sub_splits);
       return true;
     }
+    if (p->fn_groups != 0 && p->fn_groups != 1 &&
+        ((p->fn_groups != 3 && p->fn_groups != 6) || (r != 2 && r != 4 && r != 8) || p->sub_splits != 1 ||
+         p->xchg != nullptr || p->atomic_sum != 0 || (p->m + r - 1) / r * p->fn_groups > 65535)) {
+      snprintf(g_last_error, sizeof(g_last_error),
+               "hc_prenorm: bad fn_groups=%lld (expected 0 or 1, or 3 or 6 with small_rows 2, 4 or 8, sub_splits 1, no "
+               "xchg, no atomic_sum and ceil(m / small_rows) * fn_groups <= 65535; got small_rows=%lld, sub_splits=%lld, "
+               "atomic_sum=%lld, m=%lld)",
+               (long long)p->fn_groups, r, (long long)p->sub_splits, (long long)p->atomic_sum, (long long)p->m);
+      return true;
+    }
     if (p->fn_row_kernel != 0 &&
         (p->fn_row_kernel != 1 || p->m > DSV4_HC_PRENORM_FNROW_MAX_M || p->num_splits != 1 || p->sub_splits != 1 ||
          r != 0 || p->xchg != nullptr || p->K >= (1LL << 30))) {

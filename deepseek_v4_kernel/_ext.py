@@ -68,7 +68,7 @@ class HcPrenormParams(ctypes.Structure):
         ("sqrsum", _P), ("sq_stride_s", _I), ("sq_stride_m", _I),
         ("ws", _P), ("counters", _P),
         ("m", _I), ("n", _I), ("K", _I), ("num_splits", _I), ("sub_splits", _I), ("small_rows", _I),
-        ("xchg", _P), ("fn_row_kernel", _I), ("atomic_sum", _I), ("mma_rows", _I),
+        ("xchg", _P), ("fn_row_kernel", _I), ("atomic_sum", _I), ("mma_rows", _I), ("fn_groups", _I),
     ]
 
 

@@ -104,8 +104,8 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
     """The compiled hc_prenorm GEMM, its three 64-row instances (the general kernel, kFast, kFast with the atomic sum)
     and four kFast instances of 16 / 32 rows (plain and atomic: two blocks per SM, <= 128 registers, as
     hc_prenorm.mma_rows_pick assumes; 4 warp partials of kR x kPitch + kR floats), the
-    fifteen instances of the few-rows FMA kernel (five rows-per-block, plain, with the exchange and with the atomic
-    sum; no spills, two 256-thread blocks per SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes) and
+    twenty-one instances of the few-rows FMA kernel (five rows-per-block, plain, with the exchange and with the atomic
+    sum, and six plain ones with the fn rows over three or six blocks; no spills, two 256-thread blocks per SM: <= 128 registers, as the launch rule in hc_prenorm.py assumes) and
     the two of the whole-K kernel. The GEMM: one 256-thread block per SM (<= 255 registers), static shared memory
     only (the warp partials' hand-over, kSmemBytes from the named constants, + the last-block flag) within the SM120
     limit, no spills (checked in _compile_sm120a).
@@ -121,8 +121,8 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
     small = {k: v for k, v in seen.items() if "hc_prenorm_small_kernel" in k}
     fnrow = {k: v for k, v in seen.items() if "hc_prenorm_fnrow_kernel" in k}
     zero = {k: v for k, v in seen.items() if "hc_prenorm_zero_kernel" in k}
-    assert (len(gemm) == 7 and len(reduce) == 1 and len(small) == 15 and len(fnrow) == 2 and len(zero) == 1
-            and len(seen) == 26), list(seen)
+    assert (len(gemm) == 7 and len(reduce) == 1 and len(small) == 21 and len(fnrow) == 2 and len(zero) == 1
+            and len(seen) == 32), list(seen)
     (regs, static_smem), = zero.values()
     assert static_smem == 0 and regs * consts["kZeroThreads"] * 8 <= 65536, (regs, static_smem)
     # the whole-K kernel, one instance per x-row count kM = 1, 2: one 1024-thread block (<= 64 registers), the 32 warp
@@ -143,11 +143,25 @@ def test_hc_prenorm_resources_sm120a(tmp_path):
                                                                           "hc_prenorm", "dispatch.py")).read(), re.M)
     assert per_sm == 2 and mirror and int(mirror.group(1)) == per_sm, (per_sm, mirror)
     assert all(regs * 256 * per_sm <= 65536 for regs, _ in small.values()), small
-    plain = {k: v for k, v in small.items() if k.endswith("Lb0ELb0EEEv15HcPrenormParams")}
-    xchg = {k: v for k, v in small.items() if k.endswith("Lb1ELb0EEEv15HcPrenormParams")}
-    atomic = {k: v for k, v in small.items() if k.endswith("Lb0ELb1EEEv15HcPrenormParams")}
-    assert len(plain) == len(xchg) == len(atomic) == 5, list(small)
-    assert all(static_smem == 0 for _, static_smem in plain.values()), plain
+    # (template flags kXchg, kAtomic, kFG: mangled "Lb0ELb0ELi1E" plain, "Lb1ELb0ELi1E" exchange, "Lb0ELb1ELi1E" atomic,
+    # "Lb0ELb0ELi3E" / "Lb0ELb0ELi6E" plain with fn groups)
+    plain = {k: v for k, v in small.items() if k.endswith("Lb0ELb0ELi1EEEv15HcPrenormParams")}
+    xchg = {k: v for k, v in small.items() if k.endswith("Lb1ELb0ELi1EEEv15HcPrenormParams")}
+    atomic = {k: v for k, v in small.items() if k.endswith("Lb0ELb1ELi1EEEv15HcPrenormParams")}
+    grouped = {k: v for k, v in small.items() if re.search(r"Lb0ELb0ELi[36]EEEv15HcPrenormParams$", k)}
+    assert len(plain) == len(xchg) == len(atomic) == 5 and len(grouped) == 6, list(small)
+    assert all(static_smem == 0 for _, static_smem in list(plain.values()) + list(grouped.values())), plain
+    # the fn-group rule (dispatch.fn_groups_pick) counts on FN_GROUPS_MAX_BLOCKS_PER_SM blocks per SM of the
+    # instances its rows launch (<kRT, kJ, kTR, kU, ..., kFG>: R = kRT kTR rows, kFG groups)
+    from deepseek_v4_kernel.ops.hc_prenorm import dispatch
+
+    used = {(r, g) for _, r, g in dispatch.FN_GROUPS_RULE}
+    for name, (regs, _) in grouped.items():
+        krt, ktr, fg = map(int, re.search(r"kernelILi(\d+)ELi\d+ELi(\d+)ELi\d+ELb0ELb0ELi(\d+)E", name).groups())
+        if (krt * ktr, fg) in used:
+            used.discard((krt * ktr, fg))
+            assert regs * 256 * dispatch.FN_GROUPS_MAX_BLOCKS_PER_SM <= 65536, (name, regs)
+    assert not used, f"rows of FN_GROUPS_RULE without an instance: {used}"
     rows_of = {(1, 1): 1, (1, 2): 2, (1, 4): 4, (2, 4): 8, (4, 4): 16}   # <kRT, kJ, kTR, ...>: R = kRT kTR
     for name, (_, static_smem) in list(xchg.items()) + list(atomic.items()):
         krt, ktr = map(int, re.search(r"kernelILi(\d+)ELi\d+ELi(\d+)E", name).groups())

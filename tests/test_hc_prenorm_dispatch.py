@@ -222,6 +222,20 @@ def test_small_rows_rule():
                 assert r == 1 or groups * -(-m // (r // 2)) > 2 * sms, (sms, S, m, r)
 
 
+def test_fn_groups_rule(monkeypatch):
+    d = hp.dispatch
+    monkeypatch.setattr(d, "FN_GROUPS_RULE", ())
+    assert d.fn_groups_pick(8, 16384, 64, 132) == (0, 1)
+    monkeypatch.setattr(d, "FN_GROUPS_RULE", ((2, 2, 3), (8, 8, 6)))
+    # the first row whose m holds and whose grid S x ceil(m / R) x groups fits three blocks per SM
+    assert [d.fn_groups_pick(m, 16384, 64, 132) for m in (1, 2, 3, 8, 9)] == [(2, 3), (2, 3), (8, 6), (8, 6), (0, 1)]
+    assert d.fn_groups_pick(8, 16384, 66, 132) == (8, 6) and d.fn_groups_pick(8, 16384, 67, 132) == (0, 1)
+    assert d.fn_groups_pick(8, 16384, 1, 132) == (0, 1)     # one wide split: sub-slices, not whole splits
+    assert d.fn_groups_pick(8, 1 << 14, 8, 132) == (0, 1)   # 2048-wide splits: the few-rows kernel does not take them
+    monkeypatch.setenv("DSV4_HC_PRENORM_FN_GROUPS", "0")
+    assert d.fn_groups_pick(8, 16384, 64, 132) == (0, 1)
+
+
 def test_fnrow_rule(monkeypatch):
     """The whole-K kernel under "auto": one split, m <= FNROW_AUTO_MAX_M, where the few-rows kernel would take the
     call; never when a config picks another path or DSV4_HC_PRENORM_FNROW=0; _config fnrow decides alone."""

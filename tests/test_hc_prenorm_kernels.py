@@ -42,6 +42,40 @@ def test_gpu_cuda_kernel(m, K, n, num_splits, p):
 # instance (R = 1 .. 16 rows per block, forced) with a partial last row group, n < 24 (fn rows >= n skipped),
 # K not a multiple of 64 (a short last block), empty splits (more splits than 64-blocks), splits of 1024 (more
 # than one round of loads per lane), wide splits cut into sub-slices (num_splits None, 2-D out)
+# the few-rows kernel with its fn rows over three or six blocks (params fn_groups, kernel_small.cuh kFG; forced): every
+# instance (R = 2 / 4 / 8) with a partial last row block and more rows than R (several row blocks), n < 24 and n <= 4
+# (whole fn groups past n), a short last 64-block, empty splits, 1024-wide splits (several rounds), strided out /
+# sqrsum (nothing written beside them); refused by name where it does not apply
+@pytest.mark.gpu
+@pytest.mark.parametrize("groups", [3, 6])
+@pytest.mark.parametrize("m, K, n, num_splits, rows", [
+    (1, 16384, 24, 64, 2), (2, 16384, 24, 64, 2), (3, 16384, 24, 64, 4), (8, 16384, 24, 64, 8),
+    (5, 16384, 24, 64, 8), (13, 16384, 24, 64, 4), (17, 16384, 24, 64, 8), (7, 16384, 17, 64, 8),
+    (6, 16384, 5, 64, 4), (4, 16400, 24, 64, 4), (3, 1000, 24, 16, 2), (9, 256, 13, 300, 8), (8, 16384, 24, 16, 8),
+    (5, 16384, 3, 64, 2),
+])
+def test_gpu_small_kernel_fn_groups(m, K, n, num_splits, rows, groups):
+    x, fn = _inputs(m, K, n=n, device="cuda", seed=m + K + n + 2)
+    for strided in (False, True):
+        if strided:
+            out, sq, margins_nan = _strided_out(num_splits, m, 3, n=n)
+        else:
+            out, sq = _poisoned(m, n, num_splits, "cuda")
+        hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config={"small_rows": rows, "fn_groups": groups})
+        torch.cuda.synchronize()
+        assert hp.api.last_launch == ("cuda", 1, rows, None, None) and hp.api.last_fn_groups == groups
+        _check(x, fn, out, sq, num_splits)
+        assert not strided or margins_nan()
+    out, sq = _poisoned(m, n, num_splits, "cuda")
+    for bad in ({"small_rows": 1, "fn_groups": groups}, {"small_rows": 16, "fn_groups": groups},
+                {"small_rows": rows, "fn_groups": 2}):
+        with pytest.raises(UnsupportedCase, match="fn_groups"):
+            hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=bad)
+    if hp.small_sub_splits(K, 1, n) > 1:   # sub-slices of one wide split: not with fn groups
+        with pytest.raises(UnsupportedCase, match="fn_groups"):
+            hp.hc_prenorm_gemm(x, fn, out[0], sq[0], None, impl="cuda", _config={"small_rows": 2, "fn_groups": groups})
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, K, n, num_splits, rows", [
     (1, 16384, 24, 64, None), (2, 16384, 24, 64, None), (8, 16384, 24, 64, None), (33, 16384, 24, 64, None),
@@ -64,15 +98,16 @@ def test_gpu_small_kernel(m, K, n, num_splits, rows):
     # sub-slices of one split (n = 24): added by float atomics (contiguous out), with the rule's rows per block
     atomic = P > 1 and n == 24 and S == 1
     sms = hp.api.sm_count(x.device)
-    want = rows or (hp.small_rows(m, K, S, sms, n) if atomic
-                    else hp.decode_rows(m, K, S, sms, n, hp.exchange_enabled(m)))
+    fg_rows, groups = (0, 1) if rows or P > 1 else hp.dispatch.fn_groups_pick(m, K, S, sms, n)   # fn over blocks
+    want = rows or fg_rows or (hp.small_rows(m, K, S, sms, n) if atomic
+                               else hp.decode_rows(m, K, S, sms, n, hp.exchange_enabled(m)))
     assert want in hp.dispatch._SMALL_ROWS
     fnrow = hp.fnrow_enabled(m, K, S, n, cfg)   # "auto" at m <= FNROW_AUTO_MAX_M with one split: the whole-K kernel
     expect = ("cuda", 1, "fnrow", None, None) if fnrow else ("cuda", P, want, None if P == 1 else "atomic", None)
     out, sq = _poisoned(m, n, S, "cuda", flat=num_splits is None)
     hp.hc_prenorm_gemm(x, fn, out, sq, num_splits, impl="cuda", _config=cfg)
     torch.cuda.synchronize()
-    assert hp.api.last_launch == expect
+    assert hp.api.last_launch == expect and hp.api.last_fn_groups == (groups if fg_rows and not fnrow else 1)
     _check(x, fn, out, sq, num_splits)
     if rows is None and num_splits in (64, None):   # what SGLang's decode gets under impl "auto"
         out2, sq2 = _poisoned(m, n, S, "cuda", flat=num_splits is None)

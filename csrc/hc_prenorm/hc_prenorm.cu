@@ -20,6 +20,26 @@ static cudaError_t launch_small(const HcPrenormParams& q, dim3 grid, bool pdl, c
   const auto go = [&](void (*kernel)(HcPrenormParams)) {
     return launch_kernel(kernel, grid, kThreads, 0, pdl, stream, q);
   };
+  if constexpr (!kXchg && !kAtomic) {
+    // fn_groups 3 / 6 (api.cu: small_rows 2 / 4 / 8, plain stores): 8 / 4 fn rows per block, one round of loads per
+    // 256-wide split (16 / 32 K lanes per slot); grid y = row blocks x fn_groups (the caller's grid)
+    if (q.fn_groups == 3) {
+      switch (q.small_rows) {
+        case 2: return go(hc_prenorm_small_kernel<1, 1, 2, 4, false, false, 3>);
+        case 4: return go(hc_prenorm_small_kernel<1, 2, 4, 4, false, false, 3>);
+        case 8: return go(hc_prenorm_small_kernel<2, 2, 4, 4, false, false, 3>);
+        default: return cudaErrorInvalidValue;   // api.cu refuses it by name first
+      }
+    }
+    if (q.fn_groups == 6) {
+      switch (q.small_rows) {
+        case 2: return go(hc_prenorm_small_kernel<1, 1, 2, 2, false, false, 6>);
+        case 4: return go(hc_prenorm_small_kernel<1, 2, 4, 2, false, false, 6>);
+        case 8: return go(hc_prenorm_small_kernel<2, 2, 4, 2, false, false, 6>);
+        default: return cudaErrorInvalidValue;
+      }
+    }
+  }
   switch (q.small_rows) {
     case 1: return go(hc_prenorm_small_kernel<1, 3, 1, 2, kXchg, kAtomic>);
     case 2: return go(hc_prenorm_small_kernel<1, 3, 2, 4, kXchg, kAtomic>);
@@ -113,7 +133,8 @@ cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream) {
       q.num_splits = p.sub_splits;
       q.sub_splits = 1;
     }
-    const dim3 grid((unsigned)q.num_splits, (unsigned)((p.m + p.small_rows - 1) / p.small_rows));
+    const int64_t groups = p.fn_groups > 1 ? p.fn_groups : 1;   // api.cu: 3 / 6 only without sub-slices
+    const dim3 grid((unsigned)q.num_splits, (unsigned)((p.m + p.small_rows - 1) / p.small_rows * groups));
     e = xchg ? launch_small<true>(q, grid, pdl, stream) : launch_small<false>(q, grid, pdl, stream);
     if (e != cudaSuccess || p.sub_splits == 1 || xchg) return e;
     return reduce();

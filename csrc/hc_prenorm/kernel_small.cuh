@@ -189,18 +189,26 @@ __device__ __forceinline__ void halve_steps(float* v, int kt, int& idx0) {
 // PDL wait: the zero kernel calls launch_dependents only after its own wait, so by the time this grid starts, the
 // kernel before the zero kernel has completed and its writes are visible; the wait here, before the atomics, is
 // for the zeroed out (H100: 0.15-0.4 us less than waiting at the start).
-template <int kRT, int kJ, int kTR, int kU, bool kXchg = false, bool kAtomic = false>
+// kFG: the 24 fn rows spread over kFG blocks of kNB = 24 / kFG rows each (grid y = row blocks x kFG, the fn group
+// fastest): with R rows per block, every row block of a split otherwise reads all of the split's fn (24 KB at
+// SGLang's 256-wide splits), i.e. fn ceil(m / R)-fold from L2; with kFG = 3 / 6 each block reads a third / a sixth of
+// it and fn leaves L2 once per split (plain stores only: not with kXchg / kAtomic, whose sums are per row block).
+template <int kRT, int kJ, int kTR, int kU, bool kXchg = false, bool kAtomic = false, int kFG = 1>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_kernel(const HcPrenormParams p) {
   static_assert(!(kXchg && kAtomic), "one way of summing the sub-slices");
-  constexpr int kJG = DSV4_HC_PRENORM_MAX_N / kJ;    // fn-row groups
+  static_assert(kFG == 1 || !(kXchg || kAtomic), "fn groups: plain stores only");
+  constexpr int kNB = DSV4_HC_PRENORM_MAX_N / kFG;   // fn rows per block
+  constexpr int kJG = kNB / kJ;                      // fn-row groups of the block
   constexpr int kTK = kThreads / (kTR * kJG);        // lanes along K per slot
   constexpr int kRound = kTK * kU;                   // float4 columns per round of loads
-  static_assert(kJ * kJG == DSV4_HC_PRENORM_MAX_N, "fn rows split evenly over the groups");
+  static_assert(kNB * kFG == DSV4_HC_PRENORM_MAX_N && kJ * kJG == kNB, "fn rows split evenly over the groups");
   static_assert(kTK >= 1 && 32 % kTK == 0 && kTK * kTR * kJG == kThreads, "a slot's lanes are lanes of one warp");
   const int tid = threadIdx.x;
   const int kt = tid % kTK, slot = tid / kTK;
+  const int fg = kFG > 1 ? (int)(blockIdx.y % kFG) : 0, rblk = kFG > 1 ? (int)(blockIdx.y / kFG) : (int)blockIdx.y;
   const int jg = slot % kJG, tr = slot / kJG;
-  const int64_t row0 = (int64_t)blockIdx.y * (kRT * kTR) + tr * kRT;
+  const int j0 = fg * kNB + jg * kJ;                 // the lane's first fn row
+  const int64_t row0 = (int64_t)rblk * (kRT * kTR) + tr * kRT;
   // block s: split s of out / sqrsum (with num_splits None the launcher passes P sub-slices as P splits of the
   // workspace, and a reduce grid sums them). Its K: DeepGEMM's partition of the 64-wide K blocks (the first
   // nb % S splits get one more), float4 columns [c0, c1). In 32 bits (api.cu: K < 2^30, S <= 65535): fewer
@@ -214,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
   const uint2* xp[kRT];
 #pragma unroll
   for (int jj = 0; jj < kJ; ++jj)
-    fp[jj] = (const float4*)(p.fn + min((int64_t)(jg * kJ + jj), p.n - 1) * p.fn_stride) + kt;
+    fp[jj] = (const float4*)(p.fn + min((int64_t)(j0 + jj), p.n - 1) * p.fn_stride) + kt;
 #pragma unroll
   for (int rr = 0; rr < kRT; ++rr)
     xp[rr] = (const uint2*)((const __nv_bfloat16*)p.x + min(row0 + rr, p.m - 1) * p.x_stride) + kt;
@@ -298,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
         int rr = -1, val = 0;
         if (idx < kRT * kJ) {
           rr = idx / kJ;
-          val = jg * kJ + (idx - rr * kJ);   // < 24 = n (P > 1 needs n = 24)
+          val = j0 + (idx - rr * kJ);   // < 24 = n (P > 1 needs n = 24)
         } else if (idx < kV0 && jg == 0) {
           rr = idx - kRT * kJ;
           val = DSV4_HC_PRENORM_MAX_N;
@@ -328,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
         const int idx = idx0 + i;
         if (idx < kRT * kJ) {
           const int rr = idx / kJ;
-          blk[(tr * kRT + rr) * kN + jg * kJ + (idx - rr * kJ)] = v[i];
+          blk[(tr * kRT + rr) * kN + j0 + (idx - rr * kJ)] = v[i];
         } else if (idx < kV0 && jg == 0) {
           blk[kR * kN + tr * kRT + (idx - kRT * kJ)] = v[i];
         }
@@ -354,9 +362,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) hc_prenorm_small_ke
     const int idx = idx0 + i;
     if (idx < kRT * kJ) {
       const int rr = idx / kJ, jj = idx - rr * kJ;
-      const int64_t r = row0 + rr, j = jg * kJ + jj;
+      const int64_t r = row0 + rr, j = j0 + jj;
       if (r < p.m && j < p.n) p.out[s * p.out_stride_s + r * p.out_stride_m + j * p.out_stride_n] = v[i];
-    } else if (idx < kV0 && jg == 0) {
+    } else if (idx < kV0 && jg == 0 && fg == 0) {
       const int64_t r = row0 + (idx - kRT * kJ);
       if (r < p.m) p.sqrsum[s * p.sq_stride_s + r * p.sq_stride_m] = v[i];
     }

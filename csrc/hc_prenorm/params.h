@@ -69,6 +69,10 @@ typedef struct HcPrenormParams {
                           // atomic_sum, or sub-slices into the workspace (sub_splits > 1, ws 16-byte aligned; no
                           // counters needed), or none (sub_splits 1: out rows contiguous, m stride 24, unit n stride,
                           // 16-byte aligned, S stride % 4 == 0)
+  int64_t fn_groups;      // the few-rows kernel's fn rows over this many blocks per (split, row block): 0 or 1 (each
+                          // block all n fn rows), or 3 / 6 (8 / 4 fn rows each: fn is read once per split instead of
+                          // once per row block); 3 / 6 only with small_rows 2 / 4 / 8, sub_splits 1, no xchg, no
+                          // atomic_sum
 } HcPrenormParams;
 
 #ifdef __cplusplus

@@ -25,8 +25,9 @@ from deepseek_v4_kernel.ops._workspace import zeroed as _zeroed
 
 from .dispatch import (FNROW_MAX_M, MAX_N, MMA_ROWS, OP, XCHG_MAX_M, _COUNTER_CAP, _CUDA_CHUNK, _CUDA_MAX_N,
                        _CUDA_MAX_SUB, _CUDA_OUT, _CUDA_ROWS, _KBLOCK, _NPAD, _SMALL_ROWS, _SPLIT_BLOCK, _desc, _fail,
-                       _interpret, _out_rows, _precision, _use_pdl, atomic_applies, atomic_enabled, choose_config,
-                       cuda_sub_splits, decode_rows, exchange_enabled, fnrow_applies, fnrow_enabled, mma_kind,
+                       FN_GROUPS, FN_GROUPS_ROWS, _interpret, _out_rows, _precision, _use_pdl, atomic_applies,
+                       atomic_enabled, choose_config, cuda_sub_splits, decode_rows, exchange_enabled, fn_groups_pick,
+                       fnrow_applies, fnrow_enabled, mma_kind,
                        mma_rows_pick, mma_rows_sub_splits, pick_impl, small_rows, small_sub_splits)
 from .kernels import _fn_split_kernel, _hc_prenorm_kernel
 
@@ -104,11 +105,13 @@ def _check(x, fn, out, sqrsum, num_splits):
     return m, K, n, S
 
 
-def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, atomic=False, mma_rows=0):
+def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, atomic=False, mma_rows=0,
+               fn_groups=1):
     """One launch of csrc/hc_prenorm on the current stream (no host sync; the workspace and counters are
     the persistent per-stream buffers of the Triton path, sized by shapes only). ``xchg``: the few-rows
     kernel's sub-slices (R > 0, P > 1) are summed in its launch through the exchange buffer where one exists.
-    ``atomic`` (P > 1, the caller checked atomic_applies): they are added into out / sqrsum after a zero kernel."""
+    ``atomic`` (P > 1, the caller checked atomic_applies): they are added into out / sqrsum after a zero kernel.
+    ``fn_groups`` 3 / 6 (R in FN_GROUPS_ROWS, P = 1): the few-rows kernel's fn rows spread over that many blocks."""
     from deepseek_v4_kernel._ext import HcPrenormParams, load
 
     dev = x.device
@@ -136,12 +139,14 @@ def _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R=0, xchg=False, fnrow=False, at
     p.sqrsum, (p.sq_stride_s, p.sq_stride_m) = sq2.data_ptr(), sq2.stride()
     p.m, p.n, p.K, p.num_splits, p.sub_splits, p.small_rows = m, n, K, S, P, R
     p.mma_rows = mma_rows
+    p.fn_groups = fn_groups
     lib = load()
     with torch.cuda.device(dev):
         rc = lib.dsv4_hc_prenorm(p, torch.cuda.current_stream(dev).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
-    global last_launch
+    global last_launch, last_fn_groups
+    last_fn_groups = fn_groups
     last_launch = ("cuda", P, "fnrow" if fnrow else R,
                    None if P == 1 else "atomic" if atomic else "xchg" if xbuf is not None else "reduce",
                    None if (R or fnrow) else (mma_rows or _CUDA_ROWS))
@@ -151,6 +156,7 @@ last_launch = None  # ("cuda", P, R, sum, rows) (R > 0: the few-rows kernel, "fn
                     # P > 1 sub-slices were added: "atomic", "xchg" (the exchange) or "reduce" (the reduce grid, or the
                     # MMA kernel's last block), None for P = 1; rows: the MMA kernel's x rows per block, 16 / 32 / 64,
                     # None for the other kernels) or ("triton", cfg) of the latest call (tests, bench)
+last_fn_groups = 1  # the few-rows kernel's fn groups of the latest compiled launch (1, or one of FN_GROUPS)
 
 
 @on_input_device
@@ -161,8 +167,8 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
     tile choice (bench sweeps only); with impl "cuda" only its ``p`` (the sub-split count) and ``small_rows``
     (the few-rows kernel's rows per block; 0: the MMA kernel), ``mma_rows`` (the MMA kernel's x rows per block: 16 /
     32 / 64, or 0 for the rules without mma_rows_pick), ``xchg`` (exchange_enabled), ``atomic``
-    (atomic_enabled; true is refused by name where atomic_applies does not hold) and ``fnrow`` (fnrow_enabled)
-    are read."""
+    (atomic_enabled; true is refused by name where atomic_applies does not hold), ``fnrow`` (fnrow_enabled) and
+    ``fn_groups`` (1, or 3 / 6 with the few-rows kernel's whole splits: fn_groups_pick) are read."""
     m, K, n, S = _check(x, fn, out, sqrsum, num_splits)
     if m == 0:
         return None
@@ -228,8 +234,19 @@ def hc_prenorm_gemm(x, fn, out, sqrsum, num_splits=None, *, impl=None, _config=N
                         "m stride % 4 == 0 and a 16-byte aligned base (the MMA kernel: m >= its rows per block, K % "
                         "32 == 0, out rows contiguous)", f"m={m} K={K} n={n} splits={S} P={P} rows={R} mma_rows={rows} "
                         f"out strides {tuple(out3.stride())}")
+        fg = cfg.get("fn_groups")
+        if fg not in (None, 1) + FN_GROUPS:
+            raise _fail("_config fn_groups", f"1 or one of {FN_GROUPS}", fg)
+        if fg is None and R and P == 1 and not use_atomic and "small_rows" not in cfg and not cfg.get("xchg"):
+            r_fg, groups = fn_groups_pick(m, K, S, num_sms, n)
+            if r_fg:
+                R, fg = r_fg, groups
+        if fg in FN_GROUPS and not (R in FN_GROUPS_ROWS and P == 1 and not use_atomic):
+            raise _fail("_config fn_groups", f"{fg} only with the few-rows kernel on whole splits: small_rows "
+                        f"one of {FN_GROUPS_ROWS}, no sub-slices, no atomic sum",
+                        f"small_rows={R} P={P} atomic={use_atomic}")
         _cuda_gemm(x, fn, out3, sq2, m, K, n, S, P, R, (not use_atomic) and exchange_enabled(m, _config),
-                   atomic=use_atomic, mma_rows=rows)
+                   atomic=use_atomic, mma_rows=rows, fn_groups=fg or 1)
         return None
     bf16x2 = _precision()
     num_sms = sm_count(dev) if dev.type == "cuda" else 8

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
 import torch
 import triton
@@ -383,6 +383,34 @@ def fnrow_enabled(m: int, K: int, S: int, n: int, _config=None) -> bool:
             or not env_bool("DSV4_HC_PRENORM_FNROW", True)):
         return False
     return m <= FNROW_AUTO_MAX_M and fnrow_applies(m, K, S, n) and small_applies(m, K, S, n)
+
+
+# fn groups (params fn_groups, kernel_small.cuh kFG): the few-rows kernel's 24 fn rows over 3 blocks of 8 or 6 of 4,
+# so that a split's fn (24 KB at SGLang's 256-wide splits) leaves L2 once instead of once per row block, with all the
+# split's rows in one block (R = 2 / 4 / 8). Whole splits only (P = 1: the caller's splits, SGLang's mhc_pre), plain
+# stores. FN_GROUPS_RULE: (largest m, R, fn groups) in order, the first row whose m holds and whose grid (S x
+# ceil(m / R) x groups) fits FN_GROUPS_MAX_BLOCKS_PER_SM blocks per SM; empty: never (the few-rows rule alone).
+FN_GROUPS = (3, 6)           # kernel_small.cuh instances with kFG = 3 / 6 (hc_prenorm.cu launch_small)
+FN_GROUPS_ROWS = (2, 4, 8)
+# H200, SGLang's 64 splits (the few-rows kernel is FMA-only: the same in both instruction classes), us at m = 1 / 2 /
+# 4 / 6 / 8: R 2 x 3 groups 2.01 / 2.39 / 2.60 / - / -, R 8 x 6 groups - / - / 2.83 / 2.84 / 2.86, against the rule
+# without groups (R 1 / 1 / 1 / 2 / 2) 2.06 / 2.56 / 2.75 / 3.00 / 3.04 and SGLang 0.5.23's TileLang split-K kernel
+# 3.44 / 3.46 / 3.47 / 3.50 / 3.50 (tools/sweep_hc_prenorm_small.py --mma-sync)
+FN_GROUPS_RULE: Tuple[Tuple[int, int, int], ...] = ((4, 2, 3), (8, 8, 6))
+FN_GROUPS_MAX_BLOCKS_PER_SM = 3
+
+
+def fn_groups_pick(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N) -> Tuple[int, int]:
+    """(R, fn groups) of a call the few-rows kernel runs with its fn rows over several blocks, or (0, 1): a row of
+    FN_GROUPS_RULE, whole splits (P = 1) only; env DSV4_HC_PRENORM_FN_GROUPS=0 turns it off."""
+    if not FN_GROUPS_RULE or not env_bool("DSV4_HC_PRENORM_FN_GROUPS", True):
+        return 0, 1
+    if not small_applies(m, K, S, n) or small_sub_splits(K, S, n) != 1:
+        return 0, 1
+    for max_m, r, groups in FN_GROUPS_RULE:
+        if m <= max_m and S * triton.cdiv(m, r) * groups <= FN_GROUPS_MAX_BLOCKS_PER_SM * num_sms:
+            return r, groups
+    return 0, 1
 
 
 def decode_rows(m: int, K: int, S: int, num_sms: int, n: int = _CUDA_MAX_N, xchg: bool = True) -> int:
