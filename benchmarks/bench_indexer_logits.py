@@ -146,28 +146,34 @@ def bench_prefill(rows, ctx, bw, flops, sgl, H=64):
     return row
 
 
-def sweep(bw):
+SWEEP_SHAPES = "32x65536,8x262144"
+SWEEP_SPACE = "block_t=64,128;num_warps=4,8;num_stages=2,3;tiles=0,32"   # tiles 0: the _chunk rule
+
+
+def sweep(bw, shapes=SWEEP_SHAPES, space=SWEEP_SPACE):
+    """Every paged-kernel launch config of ``space`` at each ``shapes`` (b x compressed context), CUDA-graph timed;
+    "default" rows are what paged_config / _chunk pick."""
+    import itertools
+
+    grid = {k: [int(v) for v in vals.split(",")] for k, _, vals in (kv.partition("=") for kv in space.split(";"))}
     res = []
-    for (B, ctx) in [(32, 65536), (8, 262144)]:
+    for shape in shapes.split(","):
+        B, ctx = (int(v) for v in shape.split("x"))
         q, cache, w, bt = make_cache(B, ctx)
         lens = torch.full((B, 1), ctx, dtype=torch.int32, device="cuda")
         nbytes = B * ctx * 136
-        for bt_ in (64, 128):
-            for nw in (4, 8):
-                for ns in (2, 3):
-                    for tiles in (None, 32):
-                        op._TUNE_PAGED.clear()
-                        op._TUNE_PAGED.update(block_t=bt_, num_warps=nw, num_stages=ns)
-                        if tiles:
-                            op._TUNE_PAGED["tiles"] = tiles
-                        try:
-                            us, _ = timeit_graph(lambda: op.paged_mqa_logits(q, cache, w, lens, bt, ctx, False),
-                                                 reps=5, iters=3)
-                        except Exception as e:  # noqa: BLE001
-                            us = None
-                            print("sweep fail", bt_, nw, ns, tiles, str(e)[:100])
-                        res.append(dict(b=B, ctx=ctx, block_t=bt_, num_warps=nw, num_stages=ns, tiles=tiles,
-                                        us=us, pct_floor=(100 * nbytes / bw * 1e6 / us) if us else None))
+        configs = [None] + [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
+        for cfg in configs:
+            op._TUNE_PAGED.clear()
+            if cfg:
+                op._TUNE_PAGED.update({k: v for k, v in cfg.items() if k != "tiles" or v})
+            try:
+                us, _ = timeit_graph(lambda: op.paged_mqa_logits(q, cache, w, lens, bt, ctx, False), reps=5, iters=3)
+            except Exception as e:  # noqa: BLE001
+                us = None
+                print("sweep fail", shape, cfg, str(e)[:100])
+            res.append(dict(b=B, ctx=ctx, config=cfg or "default", us=us,
+                            pct_floor=(100 * nbytes / bw * 1e6 / us) if us else None))
         del q, cache, w, bt
     op._TUNE_PAGED.clear()
     return res
@@ -178,6 +184,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-shapes", default=SWEEP_SHAPES, help="b x compressed context, comma separated")
+    ap.add_argument("--sweep-space", default=SWEEP_SPACE, help="key=v,v;... of block_t, num_warps, num_stages, tiles")
+    ap.add_argument("--sweep-only", action="store_true", help="skip the tables, run the sweep")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sgl, sgl_note = load_sglang_fallback()
@@ -189,6 +198,8 @@ def main():
                    decode=[], prefill=[], sweep=[])
     bs = [1, 8, 32, 128] if not args.quick else [8]
     ctxs = [8192, 65536, 262144] if not args.quick else [65536]
+    if args.sweep_only:
+        bs, ctxs = [], []
     print(f"{'b':>4} {'ctx':>7} {'ours us':>9} {'eager us':>9} {'torch us':>10} {'speedup':>8} {'%floor':>7}")
     for B in bs:
         for ctx in ctxs:
@@ -199,7 +210,7 @@ def main():
                   f"{r.get('speedup') or float('nan'):>8.1f} {r['pct_floor']:>7.1f}  ({time.time() - t0:.1f}s)",
                   flush=True)
             torch.cuda.empty_cache()
-    for N, H in ((2, 64), (4, 64), (1, 32)):
+    for N, H in ((2, 64), (4, 64), (1, 32)) if not args.sweep_only else ():
         try:
             r = bench_decode(32, 65536, bw, None, N=N, H=H)
             results["decode"].append(r)
@@ -207,6 +218,8 @@ def main():
         except Exception as e:  # noqa: BLE001
             print("decode next_n", N, "failed:", repr(e)[:300], flush=True)
     try:
+        if args.sweep_only:
+            raise RuntimeError("skipped (--sweep-only)")
         r = bench_prefill(8192, 8192, bw, flops, sgl)
         results["prefill"].append(r)
         print("prefill 8192x8K:", json.dumps(r), flush=True)
@@ -215,14 +228,20 @@ def main():
     with open(os.path.join(args.out, "bench_indexer_logits.json"), "w") as f:
         json.dump(results, f, indent=1)
     if args.sweep:
-        results["sweep"] = sweep(bw)
-        best = {}
+        results["sweep"] = sweep(bw, args.sweep_shapes, args.sweep_space)
+        best, default = {}, {}
         for s in results["sweep"]:
             key = (s["b"], s["ctx"])
+            if s["config"] == "default":
+                default[key] = s
             if s["us"] and (key not in best or s["us"] < best[key]["us"]):
                 best[key] = s
         for k, v in best.items():
-            print("sweep best", k, v)
+            d = default.get(k, {}).get("us")
+            print("sweep best", k, v, f"default {d:.1f} us" if d else "")
+            top = sorted((s for s in results["sweep"] if (s["b"], s["ctx"]) == k and s["us"]), key=lambda s: s["us"])
+            for s in top[:5]:
+                print("   ", f"{s['us']:.1f} us", s["config"])
     with open(os.path.join(args.out, "bench_indexer_logits.json"), "w") as f:
         json.dump(results, f, indent=1)
     try:
