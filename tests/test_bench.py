@@ -193,6 +193,20 @@ def test_measured_match_decides_per_op_and_class(this_gpu):
     measured.check("sparse_decode", "h16/b1")
 
 
+def test_start_up_line_says_which_file_decides(this_gpu, monkeypatch):
+    """Under DSV4_KERNEL_PREFER=measured every process's start-up line names the file read, or why none applies
+    (the line is printed before SGLang sets up logging, so an INFO record would be lost there)."""
+    from deepseek_v4_kernel import patch
+
+    patcher = types.SimpleNamespace(active=True, targets=(), why="on SM12x", version="0.5.17", summary=lambda: "none")
+    line = patch.start_up_line(patcher)
+    assert "DSV4_KERNEL_PREFER=measured: no measured file for" in line and line.endswith("doctor")
+    path = _write(this_gpu, _doc({"sparse_decode": {"h16/b1": _cls("ours")}}))
+    assert f"DSV4_KERNEL_PREFER=measured: read {path}; details:" in patch.start_up_line(patcher)
+    monkeypatch.delenv(policy.PREFER)
+    assert "measured" not in patch.start_up_line(patcher)
+
+
 def test_measured_rows_of_the_target_table(this_gpu):
     """PREFER=measured: every row of an op asks the file; the rows' own conditions still decide after it."""
     _write(this_gpu, _doc({"sparse_decode": {"h16/b1": _cls("ours")}, "indexer_logits": {"b1": _cls("sglang")},

@@ -79,10 +79,15 @@ def start_up_line(patcher: Patcher) -> str:
     version, and what happened to the targets so far."""
     from .. import __version__
 
+    from . import measured
+
     state = "active" if patcher.active else "inactive"
     what = f"{len(patcher.targets)} targets: {patcher.summary()}" if patcher.active else "nothing patched"
+    # which bench file decides per size class (or why none does): said where the user asked for it
+    decides = f"; {policy.PREFER}=measured: {measured.load().why}" if patcher.active and measured.prefer_measured() \
+        else ""
     return (f"[deepseek_v4_kernel {__version__}] {state}: {patcher.why}; SGLang {patcher.version or 'not installed'}; "
-            f"{what}; details: {DOCTOR}")
+            f"{what}{decides}; details: {DOCTOR}")
 
 
 def installed() -> Optional[Patcher]:
