@@ -96,8 +96,26 @@ def test_stock_triton_runner_cannot_take_mxfp4_experts():
 def test_session_names():
     import run_e2e
 
-    assert run_e2e.parse_session("b-graphs-mtp") == ("b", True, True, False)
-    assert run_e2e.parse_session("b-graphs-soak") == ("b", True, False, True)
+    assert run_e2e.parse_session("b-graphs-mtp") == ("b", True, True, False, False)
+    assert run_e2e.parse_session("b-graphs-soak") == ("b", True, False, True, False)
+    assert run_e2e.parse_session("b-graphs-measured") == ("b", True, False, False, True)
     for bad in ("d-graphs", "b-fast", "b"):
         with pytest.raises(ValueError, match="expected"):
             run_e2e.parse_session(bad)
+    with pytest.raises(ValueError, match="setup b only"):
+        run_e2e.parse_session("a-graphs-measured")
+
+
+def test_measured_session_reads_the_user_bench_file(tmp_path):
+    """A -measured session's servers get DSV4_KERNEL_PREFER=measured and the directory the prepare stage's user bench
+    wrote into; its result carries that file (the report checks the kept classes against it)."""
+    import json
+
+    import run_e2e
+
+    env = run_e2e.measured_env(str(tmp_path))
+    assert env == {"DSV4_KERNEL_PREFER": "measured", "DSV4_KERNEL_MEASURED": str(tmp_path / "measured")}
+    assert run_e2e.measured_file(str(tmp_path)) is None
+    (tmp_path / "measured").mkdir()
+    (tmp_path / "measured" / "bench-nvidia-h200-sm90-tp1.json").write_text(json.dumps({"ops": {}}))
+    assert run_e2e.measured_file(str(tmp_path)) == {"file": "bench-nvidia-h200-sm90-tp1.json", "ops": {}}

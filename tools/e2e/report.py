@@ -14,7 +14,8 @@ Layout of e2e.json:
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import re
+from typing import Dict, List, Optional, Set, Tuple
 
 import compare as cmp
 from model_config import layer_kinds
@@ -74,8 +75,8 @@ def forced_comparisons(sessions: Dict[str, dict]) -> List[dict]:
 def forced_checks(forced: List[dict]) -> List[dict]:
     by = {f["candidate"]: f for f in forced}
     out = []
-    for mode in ("graphs", "eager"):
-        b, a = by.get(f"b-{mode}"), by.get(f"a-{mode}")
+    for mode, cand in (("graphs", "b-graphs"), ("eager", "b-eager"), ("graphs", "b-graphs-measured")):
+        b, a = by.get(cand), by.get(f"a-{mode}")
         if not b or not a or b["median_logprob_diff"] is None or a["median_logprob_diff"] is None:
             continue
         ok = (b["median_logprob_diff"] <= FORCED_FRACTION * a["median_logprob_diff"]
@@ -84,8 +85,54 @@ def forced_checks(forced: List[dict]) -> List[dict]:
         def text(f):
             return (f"{f['candidate']}: median {f['median_logprob_diff']:.3f}, p90 {f['p90_logprob_diff']:.3f}, "
                     f"same top token {f['same_top_token']:.0%} of {f['positions']}")
-        out.append(_check(f"b-{mode} scores c-graphs' tokens as closely as (a) does (teacher-forced)", ok,
+        out.append(_check(f"{cand} scores c-graphs' tokens as closely as (a) does (teacher-forced)", ok,
                           f"{text(b)}; {text(a)}" + (f"; floor {text(floor)}" if floor else "")))
+    return out
+
+
+# the size class in a kept line's reason (patch/measured.py): "<op>: measured slower at <class> (...)" under
+# DSV4_KERNEL_PREFER=measured, "<op> <class>: ..." for the built-in keep rules
+KEPT_CLASS = re.compile(r"measured slower at (\S+)|^\w+ (\S+): ")
+
+
+def kept_classes(kept: List[str]) -> Set[Tuple[str, str]]:
+    """(op, size class) of each kept line server.parse_log collected ("<op>: <reason>")."""
+    out = set()
+    for line in kept:
+        op, _, why = line.partition(": ")
+        m = KEPT_CLASS.search(why)
+        if m:
+            out.add((op, m.group(1) or m.group(2)))
+    return out
+
+
+def measured_classes(doc: dict) -> Tuple[Set[Tuple[str, str]], Set[str]]:
+    """From a user bench file: the (op, class) pairs where SGLang's kernel won and can run here (a -measured session
+    must keep SGLang's kernel there and only there), and the ops ours won a class of (patched under it)."""
+    losing, won_ops = set(), set()
+    for op, rec in (doc.get("ops") or {}).items():
+        for cls, v in ((rec or {}).get("classes") or {}).items():
+            if v.get("winner") == "ours":
+                won_ops.add(op)
+            elif v.get("handback_runnable"):
+                losing.add((op, cls))
+    return losing, won_ops
+
+
+def measured_checks(name: str, s: dict) -> List[dict]:
+    """A -measured session: the patch read the prepare stage's bench file, and kept SGLang's kernel only in classes
+    where that file says SGLang's kernel won (built-in keep rules do not apply under DSV4_KERNEL_PREFER=measured)."""
+    f, lg = s.get("measured_file"), s.get("log", {})
+    if not f:
+        return [_check(f"{name}: a user bench file to read", False, "prepare wrote none (logs/user_bench.log)")]
+    said = lg.get("measured", [])
+    out = [_check(f"{name}: the patch read the user bench's file", any(ln.startswith("read ") and f["file"] in ln
+                                                                          for ln in said), f"{f['file']}; said: {said}")]
+    losing, _ = measured_classes(f)
+    kept = kept_classes(lg.get("kept", []))
+    out.append(_check(f"{name}: SGLang's kernel kept only where the file says it won", kept <= losing,
+                      f"kept {sorted(kept) or 'none'}; the file's SGLang wins {sorted(losing) or 'none'}"
+                      + (f"; kept against the file: {sorted(kept - losing)}" if kept - losing else "")))
     return out
 
 
@@ -119,14 +166,19 @@ def checks(sessions: Dict[str, dict], weights: Dict[str, dict], comps: List[dict
             out.append(_check(f"{name}: our start-up line in every SGLang process",
                               n_ours >= 2 and n_ours == n_shim and active,
                               f"{n_ours} start-up lines, {n_shim} processes; {lg.get('dsv4_startup_examples', [])[:1]}"))
+            # under DSV4_KERNEL_PREFER=measured an op SGLang won every class of is not patched at all
+            ops = OP_TARGETS if not s.get("measured_file") else \
+                {op: t for op, t in OP_TARGETS.items() if op in measured_classes(s["measured_file"])[1]}
             done = set(lg.get("patched", [])) | set(lg.get("env_set", []))
-            missing = [op for op, targets in OP_TARGETS.items() if not done.intersection(targets)]
+            missing = [op for op, targets in ops.items() if not done.intersection(targets)]
             out.append(_check(f"{name}: the log names each op's target patched", not missing,
                               f"patched: {sorted(done)}" + (f"; no target of {missing}" if missing else "")))
             ran = {r.split(":")[0] for r in lg.get("ran", [])}
-            not_ran = [op for op in OP_TARGETS if op not in ran]
+            not_ran = [op for op in ops if op not in ran]
             out.append(_check(f"{name}: each of our ops ran (its first call logged)", not not_ran,
                               f"ran: {lg.get('ran', [])}" + (f"; never ran: {not_ran}" if not_ran else "")))
+        if s["setup"] == "b" and name.endswith("-measured"):
+            out += measured_checks(name, s)
         if s.get("soak") is not None:
             sk = s["soak"]
             mem = sk.get("memory", {})

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -46,7 +46,7 @@ import workloads as wl  # noqa: E402
 
 MANIFEST = os.path.join(HERE, "bundle_manifest.json")
 STAGES = ("fetch", "prepare", "run", "report")
-DEFAULT_SESSIONS = "c-graphs,b-graphs,a-graphs,c-eager,b-eager,a-eager,c-graphs-mtp,b-graphs-mtp"
+DEFAULT_SESSIONS = "c-graphs,b-graphs,a-graphs,c-eager,b-eager,a-eager,c-graphs-mtp,b-graphs-mtp,b-graphs-measured"
 SESSION_START_BUDGET_S = 150  # the Marlin warm-up may run until this long before the call's deadline
 
 
@@ -203,6 +203,8 @@ def stage_prepare(args, paths: st.Paths, sessions: List[str], deadline: float) -
             log(f"prepare: built our library into {paths.dsv4} ({time.time() - t0:.0f} s)")
     path = model_config.write_config(paths.model)
     log(f"prepare: model config {path}")
+    if any(parse_session(s).measured for s in sessions):
+        run_user_bench(args, paths)
     if warm is not None:
         try:
             rc = warm.wait(timeout=max(10.0, deadline - time.time() - SESSION_START_BUDGET_S))
@@ -212,12 +214,61 @@ def stage_prepare(args, paths: st.Paths, sessions: List[str], deadline: float) -
 
 
 # ------------------------------------------------------------------------------------------------- run
-def parse_session(name: str):
+class SessionSpec(NamedTuple):
+    key: str           # setup a / b / c
+    graphs: bool
+    mtp: bool
+    soak: bool
+    measured: bool     # (b) with DSV4_KERNEL_PREFER=measured and the bench file of prepare (MEASURED_DIR)
+
+
+def parse_session(name: str) -> SessionSpec:
     parts = name.split("-")
     if len(parts) < 2 or parts[0] not in st.SETUP_KEYS or parts[1] not in ("graphs", "eager") or \
-            any(p not in ("mtp", "soak") for p in parts[2:]):
-        raise ValueError(f"session {name!r}: expected <a|b|c>-<graphs|eager>[-mtp][-soak]")
-    return parts[0], parts[1] == "graphs", "mtp" in parts[2:], "soak" in parts[2:]
+            any(p not in ("mtp", "soak", "measured") for p in parts[2:]):
+        raise ValueError(f"session {name!r}: expected <a|b|c>-<graphs|eager>[-mtp][-soak][-measured]")
+    if "measured" in parts[2:] and parts[0] != "b":
+        raise ValueError(f"session {name!r}: -measured is a setting of our patch, so of setup b only")
+    return SessionSpec(parts[0], parts[1] == "graphs", "mtp" in parts[2:], "soak" in parts[2:], "measured" in parts[2:])
+
+
+# ------------------------------------------------------------------------------------------------- the user bench
+MEASURED_DIR = "measured"   # <work>/measured: the bench file a -measured session's servers read (DSV4_KERNEL_MEASURED)
+
+
+def measured_env(work: str) -> Dict[str, str]:
+    return {"DSV4_KERNEL_PREFER": "measured", "DSV4_KERNEL_MEASURED": os.path.join(work, MEASURED_DIR)}
+
+
+def run_user_bench(args, paths: st.Paths) -> None:
+    """What a user does before DSV4_KERNEL_PREFER=measured: ``python -m deepseek_v4_kernel bench --tp N`` on the GPU,
+    with the image's SGLang (the bundle) and our build on the path; its JSON lands in <work>/measured (once)."""
+    d = os.path.join(args.work, MEASURED_DIR)
+    os.makedirs(d, exist_ok=True)
+    have = [f for f in os.listdir(d) if f.endswith(".json")]
+    if have and not args.rerun:
+        log(f"prepare: user bench file already there: {have}")
+        return
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([paths.tf, paths.dsv4, paths.site]), DSV4_KERNEL_FORCE="1",
+               PYTHONUNBUFFERED="1", **{k: v for k, v in measured_env(args.work).items() if k != "DSV4_KERNEL_PREFER"})
+    os.makedirs(os.path.join(args.work, "logs"), exist_ok=True)
+    t0 = time.time()
+    with open(os.path.join(args.work, "logs", "user_bench.log"), "w") as out:
+        r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "bench", "--tp", str(args.tp)], env=env,
+                           stdout=out, stderr=subprocess.STDOUT, cwd=os.path.join(args.work, "logs"))
+    have = [f for f in os.listdir(d) if f.endswith(".json")]
+    if r.returncode or not have:
+        raise SystemExit(f"prepare: the user bench failed (rc {r.returncode}, files {have}); logs/user_bench.log")
+    log(f"prepare: user bench wrote {have} in {time.time() - t0:.0f} s")
+
+
+def measured_file(work: str) -> Optional[dict]:
+    d = os.path.join(work, MEASURED_DIR)
+    files = sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else []
+    if not files:
+        return None
+    with open(os.path.join(d, files[-1])) as f:
+        return {"file": files[-1], **json.load(f)}
 
 
 # A block scale holds the same 2^e whichever of these the MoE method stores it in (dummy_weights._write_exponents
@@ -247,26 +298,29 @@ WORK_BUDGET_S = {"correctness": 120, "throughput": 120, "profile": 60, "soak": 3
 
 
 def session_work_s(args, name: str) -> float:
-    key, graphs, mtp, soak = parse_session(name)
+    key, graphs, mtp, soak, measured = parse_session(name)
     if soak:
         return WORK_BUDGET_S["soak"]
     need = WORK_BUDGET_S["correctness"]
-    if graphs and not mtp and args.throughput:
+    if graphs and not mtp and not measured and args.throughput:
         need += WORK_BUDGET_S["throughput"]
-    if graphs and not mtp and args.profile:
+    if graphs and not mtp and not measured and args.profile:
         need += WORK_BUDGET_S["profile"]
     return need
 
 
 def start_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str, port: int) -> dict:
     """Start one session's server; returns its flight record (the partial result and the server's state)."""
-    key, graphs, mtp, _ = parse_session(name)
+    key, graphs, mtp, _, measured = parse_session(name)
     setup = setups[key]
     result: dict = {"session": name, "setup": key, "cuda_graphs": graphs, "mtp": mtp, "tp": args.tp,
                     "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     weight_log = os.path.join(args.work, "weights", name)
     shutil.rmtree(weight_log, ignore_errors=True)
     env = st.server_env(setup, paths, dict(os.environ), args.seed, weight_log)
+    if measured:   # the patch decides per size class from the user bench's file (prepare ran it)
+        env.update(measured_env(args.work))
+        result["measured_file"] = measured_file(args.work)
     cmd = st.server_command(setup, paths, port=port, tp=args.tp, cuda_graphs=graphs, mtp=mtp, seed=args.seed,
                             max_total_tokens=args.max_total_tokens, python=sys.executable)
     result["command"] = " ".join(cmd)
@@ -295,7 +349,8 @@ def reference_outputs(work: str, name: str, result: dict) -> Optional[List[dict]
 def finish_session(args, flight: dict, deadline: float) -> dict:
     """Run a ready (or failed) session's requests, stop its server, collect its log; returns the session's result."""
     result, server = flight["result"], flight["server"]
-    key, graphs, mtp, soak = parse_session(result["session"])
+    key, graphs, mtp, soak, measured = parse_session(result["session"])
+    timed = graphs and not mtp and not measured   # the throughput table and profile: one per setup
     name = result["session"]
     try:
         if "error" in flight:
@@ -325,11 +380,11 @@ def finish_session(args, flight: dict, deadline: float) -> dict:
                 result["forced"] = wl.run_forced(server.url, prompts, [o["output_ids"] for o in ref])
             log(f"{name}: {len(prompts)} prompts x {args.new_tokens} tokens in {result['correctness_s']:.1f} s "
                 f"(served: {result['served']})")
-            if graphs and not mtp and args.throughput:
+            if timed and args.throughput:
                 t1 = time.time()
                 result["throughput"] = wl.throughput(server.url, args.seed, quick=args.quick)
                 log(f"{name}: throughput in {time.time() - t1:.0f} s: " + summarize_throughput(result["throughput"]))
-            if graphs and not mtp and args.profile:   # every setup: per-op time of a step, (a) / (b) / (c) side by side
+            if timed and args.profile:   # every setup: per-op time of a step, (a) / (b) / (c) side by side
                 result["profile"] = wl.profile_decode(server.url, args.seed,
                                                       os.path.join(args.work, "profile", name))
                 share = result["profile"].get("share", {})

@@ -188,6 +188,8 @@ STARTUP_LINE = re.compile(r"\[deepseek_v4_kernel [^\]]*\] (active|inactive): .*"
 PATCHED_LINE = re.compile(r"deepseek_v4_kernel: (?:patched (\S+) -> (\S+)|set (\S+)=(\S+) \((\w+)\)( again)?)")
 HANDBACK_LINE = re.compile(r"deepseek_v4_kernel: (\w+): handing this call back to the original (\S+): (.*)")
 KEPT_LINE = re.compile(r"deepseek_v4_kernel: (\w+): keeping (?:the original \S+|SGLang's \S+ pre-GEMM) for this size: (.*)")
+# the start-up line's part under DSV4_KERNEL_PREFER=measured (patch/__init__.start_up_line): the file read, or why none
+MEASURED_LINE = re.compile(r"\] active: .*?; DSV4_KERNEL_PREFER=measured: (.*?)(?:; details: |$)", re.M)
 RAN_LINE = re.compile(r"deepseek_v4_kernel: (\w+): first call ran (\S+)")   # ops/_stats.count, once per (op, impl)
 SHIM_LINE = re.compile(r"\[dsv4-e2e-shim\] pid (\d+) \(([^)]*)\): (.*)")
 WEIGHTS_LINE = re.compile(r"\[dsv4-e2e-shim\] pid (\d+): seeded dummy weights")
@@ -220,6 +222,7 @@ def parse_log(text: str) -> Dict[str, object]:
         "handback_warnings": handbacks,
         "kept": sorted({f"{op}: {why[:120]}" for op, why in KEPT_LINE.findall(text)}),
         "ran": sorted({f"{op}:{impl}" for op, impl in RAN_LINE.findall(text)}),
+        "measured": sorted(set(MEASURED_LINE.findall(text)))[:4],
         "weights_seeded_processes": len(set(WEIGHTS_LINE.findall(text))),
         "error_lines": len(ERROR_LINE.findall(text)),
         # the KV pool's tokens and the GPU memory left after it, as each TP worker logged them (last sizing wins)

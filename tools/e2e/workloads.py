@@ -139,10 +139,14 @@ def throughput(url: str, seed: int, quick: bool = False) -> Dict[str, object]:
 
 # --------------------------------------------------------------------------------------------- per-op profile
 OP_PATTERNS = (  # kernel name -> op of the issue's breakdown, first match wins; the rest is "other"
-    ("sparse_mla", r"sparse_decode|flash_?mla|sparse_mla|_sm120_flashmla|mla_decode|dsv4_attn|flash_fwd"),
-    ("indexer_logits", r"mqa_logits|indexer|paged_mqa"),
-    ("hc_prenorm", r"hc_prenorm|prenorm|mhc|sinkhorn|hc_pre|hc_post"),
-    ("moe_experts", r"fp4_moe|moe|marlin|expert|fused_experts|grouped"),
+    ("sparse_mla", r"sparse_decode|flash_?mla|sparse_mla|_sm120_flashmla|mla_decode|dsv4_attn|flash_fwd|"
+                   r"sparse_attn"),
+    # our Triton kernels by name: the indexer's (ops/indexer_logits.py), hc_prenorm's fn split (ops/hc_prenorm)
+    ("indexer_logits", r"mqa_logits|indexer|paged_mqa|^_paged_kernel$|^_flat_kernel$"),
+    ("hc_prenorm", r"hc_prenorm|prenorm|mhc|sinkhorn|hc_pre|hc_post|^_fn_split_kernel$"),
+    # our MoE's Triton kernels (ops/fp4_moe/kernels.py: _gemm1_kernel, _gemm2_kernel, _route_*, _swiglu_*, ...)
+    ("moe_experts", r"fp4_moe|fp4moe|moe|marlin|expert|fused_experts|grouped|^_gemm[12]_kernel$|"
+                    r"^_route_small_kernel$|^_swiglu_kernel$|^_count_kernel$|^_layout_kernel$|^_reduce_kernel$"),
     ("fp8_linear", r"w8a8|fp8_gemm|block_fp8|gemm|matmul|cutlass|cublas|sm90_xmma|nvjet"),
     ("quant_norm_rope", r"quant|rmsnorm|norm|rope|rotary"),
     ("communication", r"nccl|allreduce|all_reduce|all_gather|cross_device"),
@@ -181,19 +185,38 @@ def op_shares(times: Dict[str, float]) -> Dict[str, object]:
             "top_kernels": [{"name": n[:160], "us": us, "op": classify_kernel(n)} for n, us in top]}
 
 
-def profile_decode(url: str, seed: int, out_dir: str, concurrency: int = 8, steps: int = 20) -> Dict[str, object]:
+def profile_decode(url: str, seed: int, out_dir: str, concurrency: int = 8, steps: int = 20,
+                   new_tokens: int = 2048) -> Dict[str, object]:
     """torch.profiler over ``steps`` scheduler steps of a decode batch, through SGLang's /start_profile
-    (ProfileReq: output_dir, num_steps, activities; the trace stops by itself after num_steps)."""
+    (ProfileReq: output_dir, num_steps, activities; the trace stops by itself after num_steps). ``concurrency``
+    streams of 2K-token prompts start together; the profile starts once every stream has its first token, so the
+    prefill of the batch is over and the profiled steps decode only (long generations: the batch cannot end and
+    refill during the profile); the streams are dropped afterwards (SGLang aborts a request whose client left)."""
     os.makedirs(out_dir, exist_ok=True)
+    decoding = threading.Semaphore(0)
     stop = threading.Event()
 
-    def load():
-        while not stop.is_set():
-            decode_rate(url, seed + 600, 2048, concurrency, 64)
+    def stream(i: int) -> None:
+        first = False
+        try:
+            for _, chunk in srv.generate_stream(url, srv.generate_request(prompt(seed + 600 + 7919 * i, 2048),
+                                                                          new_tokens)):
+                if not first and int(chunk.get("meta_info", {}).get("completion_tokens", 0)) > 0:
+                    first = True
+                    decoding.release()
+                if stop.is_set():
+                    return
+        finally:
+            if not first:
+                decoding.release()   # a failed stream must not hold the profile back
 
-    worker = threading.Thread(target=load, daemon=True)
-    worker.start()
-    time.sleep(3)  # the batch is decoding
+    workers = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(concurrency)]
+    for w in workers:
+        w.start()
+    deadline = time.time() + 120
+    for _ in range(concurrency):
+        decoding.acquire(timeout=max(0.0, deadline - time.time()))
+    time.sleep(0.2)
     code, raw = srv.http("POST", url + "/start_profile",
                          {"output_dir": out_dir, "num_steps": steps, "activities": ["CPU", "GPU"]}, timeout=120)
     deadline = time.time() + 120
@@ -203,7 +226,8 @@ def profile_decode(url: str, seed: int, out_dir: str, concurrency: int = 8, step
         traces = sorted(glob.glob(os.path.join(out_dir, "**", "*.json*"), recursive=True))
     time.sleep(3)  # let the writer finish
     stop.set()
-    worker.join(timeout=300)
+    for w in workers:
+        w.join(timeout=300)
     if code != 200 or not traces:
         return {"error": f"/start_profile answered {code} ({raw[:120]!r}); traces found: {len(traces)}"}
     times: Dict[str, float] = {}
