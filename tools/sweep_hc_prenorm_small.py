@@ -1,8 +1,8 @@
 """The mHC pre-GEMM at decode sizes with SGLang's mhc_pre split count, ours against SGLang's TileLang kernels in the
-same run: what "auto" runs, each few-rows kernel launch (rows per block R, fn rows over one or three blocks:
+same run: what "auto" runs, each few-rows kernel launch (rows per block R, fn rows over one, three or six blocks:
 params small_rows / fn_groups), and every runnable competitor (TileLang split-K / one split of the SGLang sources
-given, torch, DeepGEMM). The data behind hc_prenorm.FN_GROUPS_MAX_M and the class-edge rows of docs/hc_prenorm.md
-section 4.10 (m = 9-32, 1025-2048). Every variant is checked against float64 first (bench/runner.measure).
+given, torch, DeepGEMM). The data behind hc_prenorm.dispatch.FN_GROUPS_RULE and the class-edge rows of
+docs/hc_prenorm.md section 4.10. Every variant is checked against float64 first (bench/runner.measure).
 
   DSV4_KERNEL_FORCE=1 python3 tools/sweep_hc_prenorm_small.py --ms 1,2,3,4,6,8,12,16,24,32 --mma-sync --out DIR
   (--mma-sync: SGLang's TileLang kernels compiled as SM120 builds them, and Triton with DISABLE_MMA_V3=1; the
