@@ -412,3 +412,17 @@ def test_gpu_fuzz_flat(monkeypatch, seed):
     mag = ref.mqa_logits_ref(q, kv, w, ks, ke, max_seqlen_k=msk, magnitude=True)
     with named(desc):
         _check(got, rr, mag, clean)
+
+
+def test_chunk_rule_matches_the_mma_sync_sweep(monkeypatch):
+    """Context tiles per program (op._chunk) at the shapes of the H200 mma.sync sweep (docs/indexer_logits.md section
+    4): the tile count that was fastest there (b x compressed context -> tiles), on 132 SMs; the rule scales with SMs."""
+    monkeypatch.setattr(op, "_sm_count", lambda device: 132)
+    best = {(1, 16384): 1, (2, 16384): 1, (8, 4096): 1, (8, 16384): 4, (8, 65536): 4, (32, 16384): 4,
+            (32, 65536): 16, (128, 16384): 16}
+    for (b, ctx), tiles in best.items():
+        assert op._chunk(ctx // 128, b, 128, None) == tiles * 128, (b, ctx)
+    assert op._chunk(65536 // 128, 10, 128, None) == 8 * 128
+    monkeypatch.setattr(op, "_sm_count", lambda device: 188)   # RTX PRO 6000: more programs before tiles grow
+    assert op._chunk(65536 // 128, 10, 128, None) == 4 * 128
+    assert op._chunk(1, 1, 64, None) == 64 and op._chunk(1 << 20, 1, 128, None) == 64 * 128   # bounds: 1..64 tiles
