@@ -99,6 +99,9 @@ def test_session_names():
     assert run_e2e.parse_session("b-graphs-mtp") == ("b", True, True, False, False)
     assert run_e2e.parse_session("b-graphs-soak") == ("b", True, False, True, False)
     assert run_e2e.parse_session("b-graphs-measured") == ("b", True, False, False, True)
+    # one throughput table and profile per setup: graphs sessions without MTP or the measured setting
+    assert [run_e2e.parse_session(n).timed for n in ("b-graphs", "b-graphs-mtp", "b-graphs-measured", "c-eager")] \
+        == [True, False, False, False]
     for bad in ("d-graphs", "b-fast", "b"):
         with pytest.raises(ValueError, match="expected"):
             run_e2e.parse_session(bad)

@@ -221,6 +221,11 @@ class SessionSpec(NamedTuple):
     soak: bool
     measured: bool     # (b) with DSV4_KERNEL_PREFER=measured and the bench file of prepare (MEASURED_DIR)
 
+    @property
+    def timed(self) -> bool:
+        """Whether the session takes its setup's throughput table and profile (one of each per setup)."""
+        return self.graphs and not self.mtp and not self.measured
+
 
 def parse_session(name: str) -> SessionSpec:
     parts = name.split("-")
@@ -250,7 +255,7 @@ def run_user_bench(args, paths: st.Paths) -> None:
         log(f"prepare: user bench file already there: {have}")
         return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([paths.tf, paths.dsv4, paths.site]), DSV4_KERNEL_FORCE="1",
-               PYTHONUNBUFFERED="1", **{k: v for k, v in measured_env(args.work).items() if k != "DSV4_KERNEL_PREFER"})
+               PYTHONUNBUFFERED="1", DSV4_KERNEL_MEASURED=d)
     os.makedirs(os.path.join(args.work, "logs"), exist_ok=True)
     t0 = time.time()
     with open(os.path.join(args.work, "logs", "user_bench.log"), "w") as out:
@@ -298,13 +303,13 @@ WORK_BUDGET_S = {"correctness": 120, "throughput": 120, "profile": 60, "soak": 3
 
 
 def session_work_s(args, name: str) -> float:
-    key, graphs, mtp, soak, measured = parse_session(name)
-    if soak:
+    spec = parse_session(name)
+    if spec.soak:
         return WORK_BUDGET_S["soak"]
     need = WORK_BUDGET_S["correctness"]
-    if graphs and not mtp and not measured and args.throughput:
+    if spec.timed and args.throughput:
         need += WORK_BUDGET_S["throughput"]
-    if graphs and not mtp and not measured and args.profile:
+    if spec.timed and args.profile:
         need += WORK_BUDGET_S["profile"]
     return need
 
@@ -349,8 +354,8 @@ def reference_outputs(work: str, name: str, result: dict) -> Optional[List[dict]
 def finish_session(args, flight: dict, deadline: float) -> dict:
     """Run a ready (or failed) session's requests, stop its server, collect its log; returns the session's result."""
     result, server = flight["result"], flight["server"]
-    key, graphs, mtp, soak, measured = parse_session(result["session"])
-    timed = graphs and not mtp and not measured   # the throughput table and profile: one per setup
+    spec = parse_session(result["session"])
+    mtp, soak, timed = spec.mtp, spec.soak, spec.timed
     name = result["session"]
     try:
         if "error" in flight:
