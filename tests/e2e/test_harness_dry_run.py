@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import e2e_env  # noqa: F401
 from e2e_env import ROOT
 
@@ -40,10 +42,19 @@ FAKE_SERVER = textwrap.dedent('''
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
             if self.path == "/start_profile":
+                # five CUDA-graph replays 200 us apart: per step 30 us of MoE and 70 us of sparse MLA
                 d = req["output_dir"]; os.makedirs(d, exist_ok=True)
-                with open(os.path.join(d, "trace.json"), "w") as f:
-                    json.dump({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "fp4_moe_gemm", "dur": 30},
-                                               {"ph": "X", "cat": "kernel", "name": "sparse_decode_mma", "dur": 70}]}, f)
+                ev = []
+                for i in range(5):
+                    t, corr = 1000.0 + 200.0 * i, 7 + i
+                    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t - 5, "dur": 2,
+                               "args": {"correlation": corr}})
+                    ev.append({"ph": "X", "cat": "kernel", "name": "fp4_moe_gemm", "ts": t, "dur": 30,
+                               "args": {"correlation": corr}})
+                    ev.append({"ph": "X", "cat": "kernel", "name": "sparse_decode_mma", "ts": t + 30, "dur": 70,
+                               "args": {"correlation": corr}})
+                with open(os.path.join(d, "1-TP-0.trace.json"), "w") as f:
+                    json.dump({"traceEvents": ev, "request": req}, f)
                 return self._send(200, b"ok")
             n = req["sampling_params"]["max_new_tokens"]
             out = tokens(req["input_ids"], n)
@@ -85,7 +96,7 @@ def _fake_bundle(work):
 
 def _run(work, out, *extra, env=None):
     cmd = [sys.executable, os.path.join(ROOT, "tools", "e2e", "run_e2e.py"), "--stages", "run,report",
-           "--work", str(work), "--out", str(out), "--quick", "--port", "30900", *extra]
+           "--work", str(work), "--out", str(out), "--quick", "--port", "30900", "--profile-window-s", "0.3", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, **(env or {})))
 
 
@@ -100,10 +111,28 @@ def test_dry_run_produces_results_and_checks(tmp_path):
     b = doc["sessions"]["b-graphs"]
     assert b["started"] and b["served"] and b["throughput"]["decode"][2]["concurrency"] == 32
     assert doc["profile_b"]["share"] == {"sparse_mla": 0.7, "moe_experts": 0.3}
-    # every graphs session is profiled: per-op time per step side by side (the stand-in's trace: 100 us over 20 steps)
+    # every graphs session is profiled at 1 / 8 / 32 streams: per-op time per step side by side, with floors (the
+    # stand-in's trace: 4 whole steps between 5 graph replays, 30 + 70 us of kernels in each)
     assert set(doc["profiles"]) == {"b", "c"}
-    assert doc["profiles"]["c"]["us_per_step"] == {"sparse_mla": 3.5, "moe_experts": 1.5}
-    assert "## Decode step per op" in open(out / "e2e_table.md").read()
+    for key in ("b", "c"):
+        assert set(doc["profiles"][key]) == {"1", "8", "32"}
+        for conc, p in doc["profiles"][key].items():
+            assert p["concurrency"] == int(conc) and p["steps"] == 4 and p["step_method"] == "graph replays"
+            assert p["us_per_step"] == {"moe_experts": 30.0, "sparse_mla": 70.0}
+            assert p["gpu_busy_us_per_step"] == 100.0 and p["trace_us_per_step"] == 200.0
+            assert p["wall_us_per_step"] > 0 and p["decode_tok_s"] > 0
+            fl = p["floors"]
+            assert fl["moe_experts"]["bytes"] > 0 and fl["moe_experts"]["us"] == 30.0
+            assert fl["fp8_linear"]["us"] is None and fl["fp8_linear"]["bytes"] > 0   # nothing ran: no % of floor
+    req = json.load(open(work / "profile" / "b-graphs" / "c8" / "1-TP-0.trace.json"))["request"]
+    assert req["num_steps"] == 20 and req["activities"] == ["CPU", "GPU"] and req["with_stack"] is False
+    fr = doc["gpu_fraction"]["b"]
+    assert fr["fraction"] == pytest.approx(100.0 / fr["wall_us_per_step"]) and fr["layers"] == 12
+    assert fr["fraction_in_trace"] == 0.5
+    table = open(out / "e2e_table.md").read()
+    assert "## Decode step per op" in table and "### 32 streams" in table and "| one stream |" in table
+    rows = {r["setup"]: r for r in doc["throughput"]}
+    assert rows["b"]["decode_c32_tok_s"]   # the throughput table ran (--throughput) for b
     # every session scored c-graphs' tokens teacher-forced (16 prompts x 32 tokens)
     forced = {f["candidate"]: f for f in doc["forced"]}
     assert set(forced) == {"b-graphs", "a-eager"}

@@ -50,10 +50,41 @@ def test_bad_arguments_are_refused_by_name(kwargs, needle):
 
 
 def test_cli_writes_config(tmp_path, capsys):
-    assert mc.main([str(tmp_path), "--compress-ratios", "0,4,128,4", "--hash-layers", "3"]) == 0
+    assert mc.main([str(tmp_path), "--compress-ratios", "0,4,128,4", "--hash-layers", "3", "--layers", "4"]) == 0
     with open(os.path.join(tmp_path, "config.json")) as f:
         assert json.load(f) == mc.make_config()
     assert "NOT covered" not in capsys.readouterr().out
+    # the default depth: the pattern repeated to DEFAULT_LAYERS
+    assert mc.main([str(tmp_path)]) == 0
+    with open(os.path.join(tmp_path, "config.json")) as f:
+        assert json.load(f) == mc.make_config(layers=mc.DEFAULT_LAYERS)
+
+
+def test_config_at_the_chosen_depth_keeps_every_layer_kind_and_its_share():
+    """The harness's depth (DEFAULT_LAYERS, step_model.choose_depth): the 0 / 4 / 128 / 4 pattern repeated, the real
+    model's 3 hash-routed layers first, learned-gate layers after, the MTP layer, real widths."""
+    config = mc.make_config(layers=mc.DEFAULT_LAYERS)
+    assert config["num_hidden_layers"] == mc.DEFAULT_LAYERS == 12
+    assert config["compress_ratios"] == [0, 4, 128, 4] * 3
+    assert mc.coverage_problems(config) == []
+    kinds = mc.layer_kinds(config)
+    assert [k["routing"] for k in kinds] == ["hash"] * 3 + ["gate"] * 9
+    counts = {r: sum(k["compress_ratio"] == r for k in kinds) for r in mc.ALLOWED_RATIOS}
+    assert counts == {0: 3, 4: 6, 128: 3}    # the pattern's shares: 1/4, 1/2, 1/4
+    assert config["num_nextn_predict_layers"] == 1 and config["hidden_size"] == 4096
+    assert {k: v for k, v in config.items() if k not in ("compress_ratios", "num_hidden_layers")} == \
+        {k: v for k, v in mc.make_config().items() if k not in ("compress_ratios", "num_hidden_layers")}
+
+
+def test_depth_repeats_and_cuts_the_pattern():
+    assert mc.ratios_for_depth(6) == [0, 4, 128, 4, 0, 4]
+    assert mc.ratios_for_depth(3, (4, 128)) == [4, 128, 4]
+    assert mc.make_config((0, 4, 128, 4), layers=5)["compress_ratios"] == [0, 4, 128, 4, 0]
+    with pytest.raises(ValueError, match="layers must be >= 1"):
+        mc.ratios_for_depth(0)
+    # too shallow for every kind: named, not hidden
+    assert "no layer with compress ratio 128" in mc.coverage_problems(mc.make_config(layers=2, hash_layers=1))
+    assert "no gate-routed MoE layer" in mc.coverage_problems(mc.make_config(layers=3))
 
 
 def _src(rel):

@@ -1,8 +1,12 @@
 """DeepSeek-V4-Flash at its real widths with few layers, as the config.json SGLang 0.5.17 loads with
 ``--load-format dummy`` (the model directory holds only this file).
 
-    python3 tools/e2e/model_config.py OUT_DIR [--layers 4] [--compress-ratios 0,4,128,4] [--hash-layers 3] [--mtp 1]
+    python3 tools/e2e/model_config.py OUT_DIR [--layers 12] [--compress-ratios 0,4,128,4] [--hash-layers 3] [--mtp 1]
 
+The depth is a parameter (``--layers``); the layer kinds repeat the pattern of ``--compress-ratios``
+(``DEFAULT_PATTERN`` 0 / 4 / 128 / 4) to that depth, so every kind keeps its share. The default depth,
+``DEFAULT_LAYERS`` (12), is step_model.choose_depth(): the fewest whole patterns at which the decode step's GPU time
+stays >= 80 % of its wall time at one stream in every setup (the harness measures and reports the fraction).
 Every layer kind of the real model is present: compress ratio 0 (sliding window only), 4 (compressed KV + the C4
 indexer) and 128; hash-routed MoE (``num_hash_layers``: SGLang 0.5.17 reads that name, deepseek_v2.py:603
 ``getattr(config, "num_hash_layers", 0)``; ``n_hash_layers``, the name of its DeepSeekV4Config dataclass, is read by
@@ -26,7 +30,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 # The real model's widths (/work/shared/specs/model_facts.md).
 WIDTHS: Dict[str, object] = {
@@ -90,14 +94,28 @@ OTHER_FIELDS: Dict[str, object] = {
                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
 }
 
-DEFAULT_COMPRESS_RATIOS = (0, 4, 128, 4)
-DEFAULT_HASH_LAYERS = 3
+DEFAULT_PATTERN = (0, 4, 128, 4)
+DEFAULT_COMPRESS_RATIOS = DEFAULT_PATTERN   # the 4-layer model of the earlier runs (one pattern)
+DEFAULT_LAYERS = 12                          # step_model.choose_depth() (tests/e2e/test_step_model.py checks it)
+DEFAULT_HASH_LAYERS = 3                      # the real model's first 3 layers route by hash
 ALLOWED_RATIOS = (0, 4, 128)  # deepseek_v4.py:438 asserts these
 
 
+def ratios_for_depth(layers: int, pattern: Sequence[int] = DEFAULT_PATTERN) -> List[int]:
+    """``layers`` compress ratios: ``pattern`` repeated (and cut) to that depth."""
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    if not pattern:
+        raise ValueError("the compress-ratio pattern is empty")
+    return [int(pattern[i % len(pattern)]) for i in range(layers)]
+
+
 def make_config(compress_ratios: Sequence[int] = DEFAULT_COMPRESS_RATIOS, hash_layers: int = DEFAULT_HASH_LAYERS,
-                mtp_layers: int = 1) -> Dict[str, object]:
+                mtp_layers: int = 1, layers: Optional[int] = None) -> Dict[str, object]:
+    """The config.json dict; ``layers`` given: ``compress_ratios`` is the pattern repeated to that depth."""
     ratios = [int(r) for r in compress_ratios]
+    if layers is not None:
+        ratios = ratios_for_depth(layers, ratios)
     bad = [r for r in ratios if r not in ALLOWED_RATIOS]
     if bad:
         raise ValueError(f"compress_ratios: each must be one of {ALLOWED_RATIOS}, got {bad}")
@@ -152,18 +170,20 @@ def write_config(out_dir: str, **kwargs) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
-    ap.add_argument("--compress-ratios", default=",".join(map(str, DEFAULT_COMPRESS_RATIOS)),
-                    help="one ratio per layer, comma separated (each 0, 4 or 128)")
+    ap.add_argument("--layers", type=int, default=DEFAULT_LAYERS, help="depth: the ratio pattern repeated to it")
+    ap.add_argument("--compress-ratios", default=",".join(map(str, DEFAULT_PATTERN)),
+                    help="the ratio pattern, comma separated (each 0, 4 or 128)")
     ap.add_argument("--hash-layers", type=int, default=DEFAULT_HASH_LAYERS, help="the first N layers route by hash")
     ap.add_argument("--mtp", type=int, default=1, help="num_nextn_predict_layers: 1 (MTP layer) or 0")
     args = ap.parse_args(argv)
     try:
         ratios = [int(x) for x in args.compress_ratios.split(",") if x.strip()]
-        config = make_config(ratios, args.hash_layers, args.mtp)
+        config = make_config(ratios, args.hash_layers, args.mtp, layers=args.layers)
     except ValueError as e:
         ap.error(str(e))
     problems = coverage_problems(config)
-    path = write_config(args.out_dir, compress_ratios=ratios, hash_layers=args.hash_layers, mtp_layers=args.mtp)
+    path = write_config(args.out_dir, compress_ratios=ratios, hash_layers=args.hash_layers, mtp_layers=args.mtp,
+                        layers=args.layers)
     kinds = ", ".join(f"L{k['layer']}:c{k['compress_ratio']}/{k['routing']}" for k in layer_kinds(config))
     print(f"wrote {path}: {kinds}" + (f"; MTP layer" if args.mtp else "") +
           (f"; NOT covered: {'; '.join(problems)}" if problems else ""))

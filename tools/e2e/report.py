@@ -8,8 +8,11 @@ Layout of e2e.json:
                 throughput, profile, soak
   outputs:      per session, the greedy outputs (token ids, chosen and top-2 logprobs) the comparisons read
   comparisons:  candidate vs reference summaries (compare.py), each with its closeness
-  throughput:   rows of the table, per setup
-  checks:       [{name, pass, detail}], what the issue asks, each pass/fail
+  throughput:   rows of the table, per setup (decode columns from the profiles' windows when no table ran)
+  profiles:     per profile key (setup, or <setup>-native) and concurrency, the per-op profile of the decode step
+                with its floors (report_profiles.py); profile_b: (b)'s profile at 8 streams (the earlier layout)
+  gpu_fraction: per profile key, the one-stream GPU busy fraction against the depth model
+  checks:       [{name, pass, detail, gating}], what the issue asks, each pass/fail
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import re
 from typing import Dict, List, Optional, Set, Tuple
 
 import compare as cmp
+import report_profiles as rprof
 from model_config import layer_kinds
+from sessions import parse_session
 
 SGLANG_VERSION = "0.5.17"
 # the targets of each op that must show "patched" in (b)'s log for SGLang 0.5.17 (deepseek_v4_kernel/patch/targets.py)
@@ -157,6 +162,8 @@ def checks(sessions: Dict[str, dict], weights: Dict[str, dict], comps: List[dict
             ok = lg.get("shim_processes", 0) >= 2 and all("SM120 view" in ln for ln in lines)
             out.append(_check(f"{name}: SM120 view in every SGLang process", ok,
                               f"{lg.get('shim_processes', 0)} processes; {lines[:2]}"))
+            if s.get("instruction_class"):
+                out.append(class_check(name, s))
         else:
             out.append(_check(f"{name}: native paths (no SM120 view)", not any("SM120 view" in ln for ln in lines),
                               f"{lg.get('shim_processes', 0)} processes"))
@@ -179,6 +186,8 @@ def checks(sessions: Dict[str, dict], weights: Dict[str, dict], comps: List[dict
                               f"ran: {lg.get('ran', [])}" + (f"; never ran: {not_ran}" if not_ran else "")))
         if s["setup"] == "b" and name.endswith("-measured"):
             out += measured_checks(name, s)
+        if _spec(name) is not None and _spec(name).default:
+            out.append(default_row(name, s, sessions))
         if s.get("soak") is not None:
             sk = s["soak"]
             mem = sk.get("memory", {})
@@ -218,6 +227,46 @@ def checks(sessions: Dict[str, dict], weights: Dict[str, dict], comps: List[dict
     out += relative_checks(comps)
     out += forced_checks(forced_comparisons(sessions))
     return out
+
+
+def _spec(name: str):
+    try:
+        return parse_session(name)
+    except ValueError:
+        return None
+
+
+TL_LINE = "TileLang: tl.disable_wgmma"
+
+
+def class_check(name: str, s: dict) -> dict:
+    """An SM120-view session built its Triton and TileLang kernels in the class it asked for: mma (DISABLE_MMA_V3=1
+    in the environment, the shim's TileLang line in every SGLang process) or native (neither)."""
+    env, lines = s.get("env") or {}, (s.get("log") or {}).get("shim_lines", [])
+    tl = [TL_LINE in ln for ln in lines]
+    if s["instruction_class"] == "mma":
+        ok = env.get("DISABLE_MMA_V3") == "1" and bool(tl) and all(tl)
+        what = "SM120's instruction class: DISABLE_MMA_V3=1 and TileLang's tl.disable_wgmma in every SGLang process"
+    else:
+        ok = "DISABLE_MMA_V3" not in env and not any(tl)
+        what = "the test GPU's own instruction class (no DISABLE_MMA_V3, no forced TileLang pass config)"
+    return _check(f"{name}: {what}", ok, f"DISABLE_MMA_V3={env.get('DISABLE_MMA_V3')}, TRITON_CACHE_DIR="
+                  f"{env.get('TRITON_CACHE_DIR')}; TileLang line in {sum(tl)}/{len(lines)} shim lines")
+
+
+def default_row(name: str, s: dict, sessions: Dict[str, dict]) -> dict:
+    """(b) with default settings: what the start said (information; the measured-by-default dispatch is issue 62's)."""
+    lg = s.get("log") or {}
+    first = sessions.get(name[:-len("-restart")]) if name.endswith("-restart") else None
+    detail = (f"ready in {s.get('ready_s') or 0:.0f} s" + (f" (first start {first.get('ready_s') or 0:.0f} s)"
+                                                            if first else "")
+              + f"; cache {((s.get('kernel_cache') or {}).get('files_at_start') or [])[:6]} at start; start-up line "
+              f"{(lg.get('dsv4_startup_examples') or ['none'])[0][:300]}; measured {lg.get('measured', [])}; "
+              f"kept {lg.get('kept', [])[:4]}; ran {lg.get('ran', [])}" + (f"; error {s['error'][:200]}"
+                                                                           if s.get("error") else ""))
+    return _check(f"{name}: start-up with default settings "
+                  f"({'second start' if name.endswith('-restart') else 'first start, empty kernel cache'})",
+                  bool(s.get("started") and s.get("served")), detail, gating=False)
 
 
 def _closeness_text(c: dict) -> str:
@@ -267,26 +316,32 @@ def throughput_rows(sessions: Dict[str, dict]) -> List[dict]:
 
 
 def build(sessions: Dict[str, dict], weights: Dict[str, dict], setups, *, margin: float, logprob_tol: float,
-          tp: int, seed: int, config: dict) -> dict:
+          tp: int, seed: int, config: dict, bandwidth: Optional[dict] = None) -> dict:
     comps = comparisons(sessions, margin, logprob_tol)
-    slim = {name: {k: v for k, v in s.items() if k not in ("outputs", "forced")} for name, s in sessions.items()}
+    profiles = rprof.build_profiles(sessions, config, tp, bandwidth)
+    fractions = rprof.gpu_fractions(profiles, len(config["compress_ratios"]))
+    rows = throughput_rows(sessions)
+    have = {r["setup"] for r in rows}
+    rows += [r for r in rprof.decode_rows(profiles) if r["setup"] not in have]
+    slim = {name: {k: v for k, v in s.items() if k not in ("outputs", "forced", "profile")}
+            for name, s in sessions.items()}
     outputs = {name: [{k: o.get(k) for k in ("output_ids", "output_token_logprobs", "output_top_logprobs")}
                       for o in s["outputs"]] for name, s in sessions.items() if s.get("outputs")}
     return {
         "harness": {"sglang": SGLANG_VERSION, "tp": tp, "seed": seed, "margin_nats": margin,
                     "logprob_tol_nats": logprob_tol, "layers": layer_kinds(config),
-                    "mtp_layers": config.get("num_nextn_predict_layers")},
+                    "mtp_layers": config.get("num_nextn_predict_layers"), "copy_bandwidth": bandwidth},
         "setups": {k: {"title": s.title, "moe_runner": s.moe_runner, "server_args": list(s.server_args),
                        "env": dict(s.env), "pieces": s.pieces} for k, s in setups.items()},
         "sessions": slim,
         "outputs": outputs,
         "comparisons": comps,
         "forced": forced_comparisons(sessions),
-        "throughput": throughput_rows(sessions),
-        "profile_b": (sessions.get("b-graphs") or {}).get("profile"),
-        "profiles": {key: (sessions.get(f"{key}-graphs") or {}).get("profile") for key in ("a", "b", "c")
-                     if ((sessions.get(f"{key}-graphs") or {}).get("profile") or {}).get("us_per_step")},
-        "checks": checks(sessions, weights, comps, tp),
+        "throughput": rows,
+        "profile_b": (profiles.get("b") or {}).get("8"),
+        "profiles": profiles,
+        "gpu_fraction": fractions,
+        "checks": checks(sessions, weights, comps, tp) + rprof.profile_checks(profiles, fractions),
     }
 
 
@@ -307,14 +362,12 @@ def markdown(doc: dict) -> str:
     if rows:
         cols = ["decode_c1_tok_s", "decode_c8_tok_s", "decode_c32_tok_s", "prefill_2k_tok_s", "prefill_32k_tok_s",
                 "decode_64k_tok_s", "decode_64k_vs_2k"]
-        out += ["", "## Throughput (CUDA graphs on)", "", "| setup | " + " | ".join(cols) + " |",
+        out += ["", "## Throughput (CUDA graphs on; rows marked * from the profiles' unprofiled windows)", "",
+                "| setup | " + " | ".join(cols) + " |",
                 "|---" * (len(cols) + 1) + "|"]
         for r in rows:
-            out.append(f"| {r['setup']} | " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
-    prof = doc.get("profile_b") or {}
-    if prof.get("share"):
-        out += ["", "## (b) decode step, share of GPU kernel time per op", "",
-                "| op | share |", "|---|---|"] + [f"| {k} | {v:.1%} |" for k, v in prof["share"].items()]
+            mark = " *" if r.get("source") else ""
+            out.append(f"| {r['setup']}{mark} | " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
     if doc.get("comparisons"):
         out += ["", "## Agreement (16 prompts x 32 greedy tokens)", "",
                 "| candidate | reference | identical prompts | mean agreed prefix | first token differs | "
@@ -332,22 +385,7 @@ def markdown(doc: dict) -> str:
             out.append(f"| {f['candidate']} | {f['positions']} | {nats(f['median_logprob_diff'])} | "
                        f"{nats(f['p90_logprob_diff'])} | {nats(f['max_logprob_diff'])} | "
                        f"{nats(f['same_top_token'])} |")
-    profiles = doc.get("profiles") or {}
-    if len(profiles) > 1:
-        keys = [k for k in ("a", "b", "c") if k in profiles]
-        ops = sorted({op for p in profiles.values() for op in p["us_per_step"]},
-                     key=lambda op: -max(p["us_per_step"].get(op, 0) for p in profiles.values()))
-        out += ["", "## Decode step per op, GPU kernel us per step (torch profiler, concurrency 8)", "",
-                "| op | " + " | ".join(f"({k})" for k in keys) + (" | (a) / (b) |" if "a" in keys and "b" in keys
-                                                                   else " |"),
-                "|---" * (len(keys) + 1 + ("a" in keys and "b" in keys)) + "|"]
-        for op in ops + ["total"]:
-            per = {k: profiles[k]["us_per_step"] for k in keys}
-            vals = {k: (sum(per[k].values()) if op == "total" else per[k].get(op)) for k in keys}
-            row = f"| {op} | " + " | ".join(_fmt(vals[k]) for k in keys)
-            if "a" in keys and "b" in keys:
-                row += f" | {_fmt(vals['a'] / vals['b']) if vals['a'] and vals['b'] else '-'}"
-            out.append(row + " |")
+    out += rprof.markdown(doc)
     for name, s in sorted(doc["sessions"].items()):
         hb = (s.get("log") or {}).get("handback_warnings") or {}
         if s.get("setup") == "b":
@@ -399,7 +437,8 @@ def recheck(doc: dict, weights: Dict[str, dict], tp: int) -> dict:
     """The checks of a finished e2e.json computed again (after a change of the checks): sessions and comparisons
     as recorded, the weight fingerprints from the run's weight logs."""
     doc = dict(doc)
-    doc["checks"] = checks(doc["sessions"], weights, doc["comparisons"], tp)
+    doc["checks"] = checks(doc["sessions"], weights, doc["comparisons"], tp) + \
+        rprof.profile_checks(doc.get("profiles") or {}, doc.get("gpu_fraction") or {})
     return doc
 
 

@@ -28,252 +28,30 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import model_config  # noqa: E402
-from build_bundle import sha256_file  # noqa: E402  (the manifest's digests are build_bundle.py's)
+import run_plan as rp  # noqa: E402
 import server as srv  # noqa: E402
 import setups as st  # noqa: E402
+from prepare import (copy_bandwidth, marlin_warmup_running, measured_env, measured_file,  # noqa: E402,F401
+                     stage_fetch, stage_prepare)
+from sessions import parse_session  # noqa: E402
 import workloads as wl  # noqa: E402
 
-MANIFEST = os.path.join(HERE, "bundle_manifest.json")
 STAGES = ("fetch", "prepare", "run", "report")
 DEFAULT_SESSIONS = "c-graphs,b-graphs,a-graphs,c-eager,b-eager,a-eager,c-graphs-mtp,b-graphs-mtp,b-graphs-measured"
-SESSION_START_BUDGET_S = 150  # the Marlin warm-up may run until this long before the call's deadline
 
 
 def log(msg: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# ------------------------------------------------------------------------------------------------- fetch / prepare
-def stage_fetch(work: str) -> None:
-    src = os.path.join(REPO, ".e2e", "parts")
-    dst = os.path.join(work, "parts")
-    os.makedirs(dst, exist_ok=True)
-    names = sorted(os.listdir(src)) if os.path.isdir(src) else []
-    for name in names:
-        shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-    log(f"fetch: {len(names)} part(s) copied to {dst}: {' '.join(names) or '-'}; now there: "
-        f"{' '.join(sorted(os.listdir(dst)))}")
-    jit = os.path.join(REPO, ".e2e", "jit")  # prebuild_jit.py's modules, when carried
-    if os.path.isdir(jit):
-        shutil.copytree(jit, os.path.join(work, "jit"), dirs_exist_ok=True)
-        log(f"fetch: prebuilt JIT modules: {' '.join(sorted(os.listdir(jit)))}")
-
-
-def install_prebuilt_jit(work: str) -> None:
-    """prebuild_jit.py's modules into the tvm-ffi cache, where SGLang's load_jit loads a .so without compiling."""
-    src = os.path.join(work, "jit")
-    if not os.path.isdir(src):
-        return
-    cache = os.path.expanduser(os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"))
-    shutil.copytree(src, cache, dirs_exist_ok=True)
-    log(f"prepare: prebuilt JIT modules installed into {cache}: {' '.join(sorted(os.listdir(src)))}")
-
-
-def unpack_group(work: str, group: str, record: dict) -> None:
-    import lzma
-
-    marker = os.path.join(work, f".unpacked-{group}")
-    digest = "".join(p["sha256"] for p in record["parts"])
-    if os.path.isfile(marker) and open(marker).read() == digest:
-        log(f"prepare: {group} already unpacked")
-        return
-    paths = []
-    for part in record["parts"]:
-        path = os.path.join(work, "parts", part["file"])
-        if not os.path.isfile(path):
-            raise SystemExit(f"prepare: part {part['file']} of group {group} is missing in {work}/parts "
-                             f"(carry it in a call with --stages fetch first)")
-        if sha256_file(path) != part["sha256"]:
-            raise SystemExit(f"prepare: {path} does not match the manifest's sha256 (expected {part['sha256']})")
-        paths.append(path)
-    dest = os.path.join(work, record["dest"])
-    os.makedirs(dest, exist_ok=True)
-
-    class Joined:  # the parts read as one stream
-        def __init__(self, files):
-            self.files, self.f = list(files), None
-
-        def read(self, n=-1):
-            while True:
-                if self.f is None:
-                    if not self.files:
-                        return b""
-                    self.f = open(self.files.pop(0), "rb")
-                data = self.f.read(n)
-                if data:
-                    return data
-                self.f.close()
-                self.f = None
-
-    t0 = time.time()
-    with lzma.LZMAFile(Joined(paths)) as xz, tarfile.open(fileobj=xz, mode="r|") as tar:
-        tar.extractall(dest, filter="tar")  # members carry plain paths and modes (build_bundle.py)
-    # The tilelang group carries z3-solver's libz3 as <site>/z3/lib (libtilelang finds it there); without a Python
-    # package it is a namespace package that `import z3` finds, and torch.compile (SGLang compiles its top-k
-    # post-processing) then calls z3's missing API. An __init__ that raises ImportError keeps `import z3` failing
-    # as on a machine without z3-solver; the library stays where libtilelang looks.
-    z3_dir = os.path.join(dest, "z3")
-    if os.path.isdir(z3_dir) and not os.path.isfile(os.path.join(z3_dir, "__init__.py")):
-        with open(os.path.join(z3_dir, "__init__.py"), "w") as f:
-            f.write("raise ImportError('z3-solver: only its library is bundled (for tilelang), not its Python API')\n")
-    with open(marker, "w") as f:
-        f.write(digest)
-    log(f"prepare: {group} unpacked into {dest} ({time.time() - t0:.0f} s)")
-
-
-WARM_DONE = "{w}/.warm-marlin"
-WARM_MARLIN = ("import torch\n"
-               "from sglang.kernels.ops.moe.moe_wna16_marlin import _jit_moe_wna16_marlin_module\n"
-               "_jit_moe_wna16_marlin_module(torch.bfloat16, False, False)\n"
-               "print('marlin MoE JIT module ready')\n")
-
-
-def start_marlin_warmup(args, paths: st.Paths) -> Optional[subprocess.Popen]:
-    """Compile SGLang's Marlin MoE JIT module (bf16, no EP, no bias: moe_wna16_marlin.py:139's arguments at TP without
-    EP) in the background while our library builds; it lands in the tvm-ffi cache (TVM_FFI_CACHE_DIR or
-    ~/.cache/tvm-ffi), which the servers of (a) and (c) then load instead of compiling at their first request."""
-    if not os.path.isdir(os.path.join(paths.site, "sglang")):
-        return None
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([paths.tf, paths.site]))
-    os.makedirs(os.path.join(args.work, "logs"), exist_ok=True)
-    out = open(os.path.join(args.work, "logs", "warm_marlin.log"), "w")
-    log("prepare: compiling the Marlin MoE JIT module in the background")
-    # its own session: a device call ends the processes it leaves, except those (the compile may outlast the call)
-    proc = subprocess.Popen([sys.executable, "-c", WARM_MARLIN + f"open({WARM_DONE!r}.format(w={args.work!r}), 'w')"],
-                            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=os.path.join(args.work, "logs"),
-                            start_new_session=True)
-    with open(os.path.join(args.work, ".warm-marlin.pid"), "w") as f:
-        f.write(str(proc.pid))
-    return proc
-
-
-def marlin_warmup_running(work: str) -> bool:
-    """A server of (a) or (c) started while the warm-up still compiles would compile the same module beside it."""
-    try:
-        pid = int(open(os.path.join(work, ".warm-marlin.pid")).read())
-    except (OSError, ValueError):
-        return False
-    return os.path.exists(f"/proc/{pid}") and not os.path.isfile(WARM_DONE.format(w=work))
-
-
-def stage_prepare(args, paths: st.Paths, sessions: List[str], deadline: float) -> None:
-    with open(MANIFEST) as f:
-        manifest = json.load(f)
-    absent = []
-    for group, record in manifest["groups"].items():
-        parts_here = all(os.path.isfile(os.path.join(args.work, "parts", p["file"])) for p in record["parts"])
-        if parts_here or os.path.isfile(os.path.join(args.work, f".unpacked-{group}")):
-            unpack_group(args.work, group, record)
-        else:
-            absent.append(group)
-    if absent:
-        log(f"prepare: parts of {absent} not here yet (a later call carries them); the rest is unpacked")
-    missing = [m for m in ("torch", "triton", "torchvision", "numpy", "safetensors", "aiohttp", "requests", "psutil")
-               if subprocess.run([sys.executable, "-c", f"import importlib.util,sys; "
-                                  f"sys.exit(importlib.util.find_spec('{m}') is None)"]).returncode]
-    if missing:
-        raise SystemExit(f"prepare: the machine lacks {missing}, which the bundle leaves to it (bundle_spec.py)")
-    install_prebuilt_jit(args.work)
-    warm = None
-    if args.moe_c == "marlin" and any(s.split("-")[0] in ("a", "c") for s in sessions) and \
-            not os.path.isfile(WARM_DONE.format(w=args.work)):
-        warm = start_marlin_warmup(args, paths)
-    if any(s.startswith("b-") for s in sessions):
-        so = os.path.join(paths.dsv4, "deepseek_v4_kernel", "_C.so")
-        if os.path.isfile(so) and not args.rebuild:
-            log(f"prepare: our library already built in {paths.dsv4}")
-        else:
-            env = dict(os.environ, DSV4_KERNEL_EXTRA_ARCHS="90a", DSV4_BUILD_DIR=paths.dsv4)
-            t0 = time.time()
-            r = subprocess.run(["bash", os.path.join(REPO, "scripts", "build.sh")], env=env, cwd=REPO,
-                               capture_output=True, text=True)
-            if r.returncode:
-                raise SystemExit(f"prepare: scripts/build.sh failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-            log(f"prepare: built our library into {paths.dsv4} ({time.time() - t0:.0f} s)")
-    path = model_config.write_config(paths.model)
-    log(f"prepare: model config {path}")
-    if any(parse_session(s).measured for s in sessions):
-        run_user_bench(args, paths)
-    if warm is not None:
-        try:
-            rc = warm.wait(timeout=max(10.0, deadline - time.time() - SESSION_START_BUDGET_S))
-            log(f"prepare: Marlin MoE JIT warm-up exited {rc} (logs/warm_marlin.log)")
-        except subprocess.TimeoutExpired:
-            log("prepare: Marlin MoE JIT warm-up still compiling; it goes on between calls while the machine is warm")
-
-
-# ------------------------------------------------------------------------------------------------- run
-class SessionSpec(NamedTuple):
-    key: str           # setup a / b / c
-    graphs: bool
-    mtp: bool
-    soak: bool
-    measured: bool     # (b) with DSV4_KERNEL_PREFER=measured and the bench file of prepare (MEASURED_DIR)
-
-    @property
-    def timed(self) -> bool:
-        """Whether the session takes its setup's throughput table and profile (one of each per setup)."""
-        return self.graphs and not self.mtp and not self.measured
-
-
-def parse_session(name: str) -> SessionSpec:
-    parts = name.split("-")
-    if len(parts) < 2 or parts[0] not in st.SETUP_KEYS or parts[1] not in ("graphs", "eager") or \
-            any(p not in ("mtp", "soak", "measured") for p in parts[2:]):
-        raise ValueError(f"session {name!r}: expected <a|b|c>-<graphs|eager>[-mtp][-soak][-measured]")
-    if "measured" in parts[2:] and parts[0] != "b":
-        raise ValueError(f"session {name!r}: -measured is a setting of our patch, so of setup b only")
-    return SessionSpec(parts[0], parts[1] == "graphs", "mtp" in parts[2:], "soak" in parts[2:], "measured" in parts[2:])
-
-
-# ------------------------------------------------------------------------------------------------- the user bench
-MEASURED_DIR = "measured"   # <work>/measured: the bench file a -measured session's servers read (DSV4_KERNEL_MEASURED)
-
-
-def measured_env(work: str) -> Dict[str, str]:
-    return {"DSV4_KERNEL_PREFER": "measured", "DSV4_KERNEL_MEASURED": os.path.join(work, MEASURED_DIR)}
-
-
-def run_user_bench(args, paths: st.Paths) -> None:
-    """What a user does before DSV4_KERNEL_PREFER=measured: ``python -m deepseek_v4_kernel bench --tp N`` on the GPU,
-    with the image's SGLang (the bundle) and our build on the path; its JSON lands in <work>/measured (once)."""
-    d = os.path.join(args.work, MEASURED_DIR)
-    os.makedirs(d, exist_ok=True)
-    have = [f for f in os.listdir(d) if f.endswith(".json")]
-    if have and not args.rerun:
-        log(f"prepare: user bench file already there: {have}")
-        return
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([paths.tf, paths.dsv4, paths.site]), DSV4_KERNEL_FORCE="1",
-               PYTHONUNBUFFERED="1", DSV4_KERNEL_MEASURED=d)
-    os.makedirs(os.path.join(args.work, "logs"), exist_ok=True)
-    t0 = time.time()
-    with open(os.path.join(args.work, "logs", "user_bench.log"), "w") as out:
-        r = subprocess.run([sys.executable, "-m", "deepseek_v4_kernel", "bench", "--tp", str(args.tp)], env=env,
-                           stdout=out, stderr=subprocess.STDOUT, cwd=os.path.join(args.work, "logs"))
-    have = [f for f in os.listdir(d) if f.endswith(".json")]
-    if r.returncode or not have:
-        raise SystemExit(f"prepare: the user bench failed (rc {r.returncode}, files {have}); logs/user_bench.log")
-    log(f"prepare: user bench wrote {have} in {time.time() - t0:.0f} s")
-
-
-def measured_file(work: str) -> Optional[dict]:
-    d = os.path.join(work, MEASURED_DIR)
-    files = sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else []
-    if not files:
-        return None
-    with open(os.path.join(d, files[-1])) as f:
-        return {"file": files[-1], **json.load(f)}
 
 
 # A block scale holds the same 2^e whichever of these the MoE method stores it in (dummy_weights._write_exponents
@@ -297,39 +75,47 @@ def weight_fingerprint(weight_dir: str) -> dict:
     return models
 
 
-# Seconds a ready session's requests take at most (H200, 4-layer model): the harness leaves a server running for the
-# next call rather than start measuring what it cannot finish before the call's deadline.
-WORK_BUDGET_S = {"correctness": 120, "throughput": 120, "profile": 60, "soak": 300}
-
-
 def session_work_s(args, name: str) -> float:
+    """Seconds a ready session's requests take at most (run_plan.work_s at this call's depth and requests): the
+    harness leaves a server running for the next call rather than start measuring what it cannot finish before the
+    call's deadline."""
     spec = parse_session(name)
-    if spec.soak:
-        return WORK_BUDGET_S["soak"]
-    need = WORK_BUDGET_S["correctness"]
-    if spec.timed and args.throughput:
-        need += WORK_BUDGET_S["throughput"]
-    if spec.timed and args.profile:
-        need += WORK_BUDGET_S["profile"]
-    return need
+    lengths = [len(p) for p in wl.correctness_prompts(args.seed, args.prompts)]
+    return rp.work_s(spec.key, args.layers, correctness_lengths=lengths, new_tokens=args.new_tokens,
+                     throughput=args.throughput, profile=args.profile, soak=spec.soak, timed=spec.timed,
+                     profile_concurrencies=args.profile_concurrencies, profile_prompt_tokens=args.profile_prompt_tokens,
+                     profile_window_s=args.profile_window_s)
+
+
+DEFAULT_CACHE = "kernel-cache-default"   # <work>/<this>: DSV4_KERNEL_CACHE_DIR of the -default sessions
 
 
 def start_session(args, paths: st.Paths, setups: Dict[str, st.Setup], name: str, port: int) -> dict:
     """Start one session's server; returns its flight record (the partial result and the server's state)."""
-    key, graphs, mtp, _, measured = parse_session(name)
-    setup = setups[key]
-    result: dict = {"session": name, "setup": key, "cuda_graphs": graphs, "mtp": mtp, "tp": args.tp,
-                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    spec = parse_session(name)
+    setup = st.default_variant(setups[spec.key]) if spec.default else setups[spec.key]
+    cls = st.instruction_class(setup, spec.native)
+    result: dict = {"session": name, "setup": spec.key, "cuda_graphs": spec.graphs, "mtp": spec.mtp, "tp": args.tp,
+                    "instruction_class": cls, "layers": args.layers, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     weight_log = os.path.join(args.work, "weights", name)
     shutil.rmtree(weight_log, ignore_errors=True)
-    env = st.server_env(setup, paths, dict(os.environ), args.seed, weight_log)
-    if measured:   # the patch decides per size class from the user bench's file (prepare ran it)
+    env = st.server_env(setup, paths, dict(os.environ), args.seed, weight_log, native=spec.native)
+    if spec.measured:   # the patch decides per size class from the user bench's file (prepare ran it)
         env.update(measured_env(args.work))
         result["measured_file"] = measured_file(args.work)
-    cmd = st.server_command(setup, paths, port=port, tp=args.tp, cuda_graphs=graphs, mtp=mtp, seed=args.seed,
-                            max_total_tokens=args.max_total_tokens, python=sys.executable)
+    if spec.default:    # first start: an empty cache directory; the restart reuses what the first start left there
+        cache = os.path.join(args.work, DEFAULT_CACHE)
+        if not spec.restart:
+            shutil.rmtree(cache, ignore_errors=True)
+        os.makedirs(cache, exist_ok=True)
+        env["DSV4_KERNEL_CACHE_DIR"] = cache
+        result["kernel_cache"] = {"dir": cache, "files_at_start": sorted(os.listdir(cache))}
+    cmd = st.server_command(setup, paths, port=port, tp=args.tp, cuda_graphs=spec.graphs, mtp=spec.mtp,
+                            seed=args.seed, max_total_tokens=args.max_total_tokens, mem_fraction=args.mem_fraction,
+                            python=sys.executable)
     result["command"] = " ".join(cmd)
-    result["env"] = {k: v for k, v in env.items() if k.startswith(("DSV4_", "SGLANG_", "PYTHONPATH", "NCCL_"))}
+    result["env"] = {k: v for k, v in env.items()
+                     if k.startswith(("DSV4_", "SGLANG_", "PYTHONPATH", "NCCL_")) or k in st.CLASS_VARIABLES}
     log_path = os.path.join(args.work, "logs", f"{name}.log")
     server = srv.Server(cmd, env, log_path, port, cwd=os.path.dirname(log_path))  # not the work dir: its folders would sit first on sys.path
     server.start()
@@ -389,12 +175,17 @@ def finish_session(args, flight: dict, deadline: float) -> dict:
                 t1 = time.time()
                 result["throughput"] = wl.throughput(server.url, args.seed, quick=args.quick)
                 log(f"{name}: throughput in {time.time() - t1:.0f} s: " + summarize_throughput(result["throughput"]))
-            if timed and args.profile:   # every setup: per-op time of a step, (a) / (b) / (c) side by side
-                result["profile"] = wl.profile_decode(server.url, args.seed,
-                                                      os.path.join(args.work, "profile", name))
-                share = result["profile"].get("share", {})
-                log(f"{name}: profile: " + (", ".join(f"{k} {v:.0%}" for k, v in share.items())
-                                            or result["profile"].get("error", "?")))
+            if timed and args.profile:   # every setup: per-op time of a step at 1 / 8 / 32 streams, side by side
+                t1 = time.time()
+                result["profile"] = wl.profile_concurrencies(
+                    server.url, args.seed, os.path.join(args.work, "profile", name), args.profile_concurrencies,
+                    steps=args.profile_steps, prompt_tokens=args.profile_prompt_tokens, window_s=args.profile_window_s)
+                for conc, p in result["profile"].items():
+                    frac = p.get("gpu_busy_fraction")
+                    log(f"{name}: profile c{conc}: " + (f"{p['wall_us_per_step']:.0f} us/step, GPU busy "
+                                                        f"{p['gpu_busy_us_per_step']:.0f} us ({frac:.0%})"
+                                                        if frac is not None else p.get("error", "?")))
+                log(f"{name}: profiles in {time.time() - t1:.0f} s")
     except Exception as e:  # noqa: BLE001 - the session's failure is a result, the next session still runs
         result["error"] = f"{type(e).__name__}: {e}"[:4000]
         result.setdefault("started", False)
@@ -458,7 +249,7 @@ def stage_run(args, paths: st.Paths, sessions: List[str], deadline: float) -> No
     requests run alone, one session after another, so no measurement shares the GPU with another server's start-up
     or requests. Servers outlive the call: when the deadline comes first, they are left running and recorded, and
     the next call of the run stage takes them over."""
-    setups = st.make_setups(args.moe_c)
+    setups = st.make_setups(args.moe_c, args.setup_args, args.setup_env)
     results_dir = os.path.join(args.work, "results")
     os.makedirs(results_dir, exist_ok=True)
     flights = adopt_flights(args.work, sessions)
@@ -466,14 +257,26 @@ def stage_run(args, paths: st.Paths, sessions: List[str], deadline: float) -> No
     if done and not args.rerun:
         log(f"run: {', '.join(done)} already ran in an earlier call (results kept; --rerun runs them again)")
     queue = [name for name in sessions if name not in flights and (args.rerun or name not in done)]
+    skipped: List[str] = []
     try:
         while queue or flights:
             while queue and len(flights) < args.servers_at_once and time.time() < deadline - 30:
                 # sessions on the Marlin runner wait for its JIT warm-up; the others start meanwhile
+                # a -restart session starts once its first start is over (it reuses that start's cache)
                 ready_to_start = [n for n in queue if not (n.split("-")[0] in ("a", "c") and args.moe_c == "marlin"
-                                                           and marlin_warmup_running(args.work))]
+                                                           and marlin_warmup_running(args.work))
+                                  and parse_session(n).base not in queue and parse_session(n).base not in flights]
+                if args.start_only_what_fits:
+                    late = [n for n in ready_to_start if time.time() + expected_startup_s(args, setups, n)
+                            + session_work_s(args, n) > deadline]
+                    for n in late:
+                        log(f"{n}: not started: start-up (~{expected_startup_s(args, setups, n):.0f} s) and requests "
+                            f"(~{session_work_s(args, n):.0f} s) do not fit the {deadline - time.time():.0f} s left")
+                        queue.remove(n)
+                        skipped.append(n)
+                    ready_to_start = [n for n in ready_to_start if n not in late]
                 if not ready_to_start:
-                    if flights:
+                    if flights or not queue:
                         break
                     time.sleep(2)
                     continue
@@ -493,6 +296,7 @@ def stage_run(args, paths: st.Paths, sessions: List[str], deadline: float) -> No
                         if server.poll_ready():
                             log(f"{name}: ready in {server.ready_s:.0f} s")
                             waiting.remove(name)
+                            mark_class_warm(args, setups, name)
                         elif time.time() - server.started_at > args.startup_timeout_s:
                             raise srv.ServerError(f"server not ready after {args.startup_timeout_s:.0f} s; log tail:\n"
                                                   f"{server.log_tail()}")
@@ -504,7 +308,8 @@ def stage_run(args, paths: st.Paths, sessions: List[str], deadline: float) -> No
                     time.sleep(2)
             if waiting:
                 break
-            for name in [n for n in sessions if n in flights]:
+            # the teacher-forced reference first: the round's other sessions score its tokens
+            for name in sorted((n for n in sessions if n in flights), key=lambda n: n != FORCED_REFERENCE):
                 need = 5 if "error" in flights[name] else session_work_s(args, name)
                 if time.time() + need > deadline:
                     log(f"{name}: ready, but its requests need up to {need:.0f} s and "
@@ -517,10 +322,28 @@ def stage_run(args, paths: st.Paths, sessions: List[str], deadline: float) -> No
     except TimeoutError:
         pass
     save_flights(args.work, flights)
+    queue += skipped
     if flights or queue:
         log(f"run: call ends with {sorted(flights) or 'no'} server(s) left running (the next call's run stage takes "
             f"them over while the machine is warm) and {queue or 'no'} session(s) not started; run again with "
             f"--stages run,report --sessions {','.join(list(flights) + queue)}")
+
+
+def _class_of(setups: Dict[str, st.Setup], name: str) -> str:
+    spec = parse_session(name)
+    return st.instruction_class(setups[spec.key], spec.native)
+
+
+def mark_class_warm(args, setups: Dict[str, st.Setup], name: str) -> None:
+    """A server of this instruction class became ready: its kernel caches hold what the next server needs most."""
+    d = os.path.join(args.work, "cache", _class_of(setups, name))
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, ".warm"), "w").close()
+
+
+def expected_startup_s(args, setups: Dict[str, st.Setup], name: str) -> float:
+    warm = os.path.isfile(os.path.join(args.work, "cache", _class_of(setups, name), ".warm"))
+    return rp.STARTUP_S["warm" if warm else "cold"]
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -534,10 +357,11 @@ def stage_report(args) -> None:
             rec = json.load(f)
         sessions[rec["session"]] = rec
     weights = {name: weight_fingerprint(os.path.join(args.work, "weights", name)) for name in sessions}
-    doc = report.build(sessions, weights, st.make_setups(args.moe_c), margin=args.margin,
-                       logprob_tol=args.logprob_tol, tp=args.tp, seed=args.seed,
-                       config=model_config.make_config())
+    doc = report.build(sessions, weights, st.make_setups(args.moe_c, args.setup_args, args.setup_env),
+                       margin=args.margin, logprob_tol=args.logprob_tol, tp=args.tp, seed=args.seed,
+                       config=model_config.make_config(layers=args.layers), bandwidth=copy_bandwidth(args.work))
     doc["harness"]["servers_at_once"] = args.servers_at_once
+    doc["harness"]["plan"] = args.plan
     doc["harness"]["measurement"] = ("servers of a round start together; each session's requests run alone, the "
                                      "other servers of the round idle beside it on the same GPU")
     os.makedirs(args.out, exist_ok=True)
@@ -557,6 +381,32 @@ def stage_report(args) -> None:
     gating = [c for c in doc["checks"] if c.get("gating", True)]
     log(f"report: {len(sessions)} session(s); gating checks {sum(c['pass'] for c in gating)}/{len(gating)} passed "
         f"({len(doc['checks'])} rows); plot: {plot or 'not drawn'}; files in {args.out}")
+
+
+def st_mem_fraction(n: int, biggest_gib: float) -> float:
+    import step_model
+
+    return step_model.mem_fraction_static(n, biggest_gib)
+
+
+def parse_setup_extras(arg_items: List[str], env_items: List[str]):
+    """--setup-arg KEY=ARGS and --setup-env KEY:NAME=VALUE into setups.make_setups' extra_args / extra_env."""
+    import shlex
+
+    extra_args: Dict[str, List[str]] = {}
+    extra_env: Dict[str, Dict[str, str]] = {}
+    for item in arg_items:
+        key, sep, rest = item.partition("=")
+        if not sep or key not in st.SETUP_KEYS:
+            raise ValueError(f"--setup-arg {item!r}: expected KEY=ARGS with KEY one of {st.SETUP_KEYS}")
+        extra_args.setdefault(key, []).extend(shlex.split(rest))
+    for item in env_items:
+        key, sep, rest = item.partition(":")
+        name, eq, value = rest.partition("=")
+        if not sep or key not in st.SETUP_KEYS or not eq or not name:
+            raise ValueError(f"--setup-env {item!r}: expected KEY:NAME=VALUE with KEY one of {st.SETUP_KEYS}")
+        extra_env.setdefault(key, {})[name] = value
+    return extra_args, extra_env
 
 
 def main(argv=None) -> int:
@@ -583,8 +433,24 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=30100)
     ap.add_argument("--startup-timeout-s", type=float, default=900, help="a server not ready this long after its "
                     "start has failed (servers started together compile side by side)")
-    ap.add_argument("--servers-at-once", type=int, default=3, help="servers started together in a round "
-                    "(their requests still run one session at a time)")
+    ap.add_argument("--servers-at-once", default="auto", help="servers started together in a round (their "
+                    "requests still run one session at a time); auto: as many as fit the GPU's memory "
+                    "(run_plan.servers_per_round, from the config)")
+    ap.add_argument("--mem-fraction-static", default="auto", help="SGLang's --mem-fraction-static; auto: from the "
+                    "round's size and the servers' memory (step_model.mem_fraction_static)")
+    ap.add_argument("--layers", type=int, default=model_config.DEFAULT_LAYERS,
+                    help="model depth (the layer-kind pattern 0/4/128/4 repeated to it)")
+    ap.add_argument("--profile-concurrencies", default="1,8,32", help="decode streams of each profiled batch")
+    ap.add_argument("--profile-steps", type=int, default=20, help="scheduler steps in each profile")
+    ap.add_argument("--profile-window-s", type=float, default=1.0,
+                    help="unprofiled window before each profile (the step's wall time from the streams' token rate)")
+    ap.add_argument("--profile-prompt-tokens", type=int, default=2048, help="prompt length of the profiled streams")
+    ap.add_argument("--setup-arg", action="append", default=[], metavar="KEY=ARGS",
+                    help="extra server arguments of setup KEY (a, b or c), shell-split; repeatable")
+    ap.add_argument("--setup-env", action="append", default=[], metavar="KEY:NAME=VALUE",
+                    help="an extra environment variable of setup KEY's servers; repeatable")
+    ap.add_argument("--start-only-what-fits", action="store_true", help="start a session only if its expected "
+                    "start-up (run_plan.STARTUP_S) and requests fit before the deadline (a plan without later calls)")
     ap.add_argument("--max-total-tokens", type=int, default=262144, help="each server's KV pool cap in tokens "
                     "(servers share the GPU; the largest request set, the soak, holds under ~200K)")
     ap.add_argument("--deadline-s", type=float, default=570, help="stop starting sessions this long after launch "
@@ -598,8 +464,14 @@ def main(argv=None) -> int:
         ap.error(f"--stages: unknown {bad}; expected some of {', '.join(STAGES)}")
     if args.tp < 1:
         ap.error(f"--tp must be >= 1, got {args.tp}")
-    if args.servers_at_once < 1:
-        ap.error(f"--servers-at-once must be >= 1, got {args.servers_at_once}")
+    try:
+        args.profile_concurrencies = [int(x) for x in args.profile_concurrencies.split(",") if x.strip()]
+        args.setup_args, args.setup_env = parse_setup_extras(args.setup_arg, args.setup_env)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.layers < 4:
+        ap.error(f"--layers must be >= 4 (every layer kind: compress ratios 0/4/128 and a learned-gate layer after "
+                 f"the {model_config.DEFAULT_HASH_LAYERS} hash-routed ones), got {args.layers}")
     sessions = [s for s in args.sessions.split(",") if s]
     try:
         for s in sessions:
@@ -610,6 +482,22 @@ def main(argv=None) -> int:
         sessions.append("b-graphs-soak")
     if args.soak <= 0 and any(s.endswith("-soak") for s in sessions):
         ap.error("a -soak session needs --soak N (the number of requests, e.g. 2000)")
+    config = model_config.make_config(layers=args.layers)
+    args.plan = rp.servers_per_round(config, model_config.make_config(), {parse_session(s).key for s in sessions},
+                                     args.tp)
+    try:
+        args.servers_at_once = args.plan["servers_at_once"] if args.servers_at_once == "auto" \
+            else int(args.servers_at_once)
+        if args.servers_at_once < 1:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--servers-at-once must be auto or >= 1, got {args.servers_at_once}")
+    biggest = max(args.plan["server_gib"].values())
+    args.mem_fraction = (st_mem_fraction(args.servers_at_once, biggest) if args.mem_fraction_static == "auto"
+                         else float(args.mem_fraction_static))
+    args.plan.update(servers_at_once=args.servers_at_once, mem_fraction_static=args.mem_fraction, layers=args.layers)
+    log(f"plan: {args.layers} layers, {args.servers_at_once} server(s) at once (each <= {biggest:.0f} GiB of "
+        f"{args.plan['gpu_gib']:.0f}), --mem-fraction-static {args.mem_fraction}")
     deadline = time.time() + args.deadline_s
     args.work = os.path.abspath(args.work)
     paths = st.Paths(work=args.work, repo=REPO)

@@ -4,12 +4,9 @@ measurements, the per-op profile of a decode step and the soak."""
 from __future__ import annotations
 
 import glob
-import gzip
-import json
 import math
 import os
 import random
-import re
 import statistics
 import subprocess
 import threading
@@ -138,74 +135,50 @@ def throughput(url: str, seed: int, quick: bool = False) -> Dict[str, object]:
 
 
 # --------------------------------------------------------------------------------------------- per-op profile
-OP_PATTERNS = (  # kernel name -> op of the issue's breakdown, first match wins; the rest is "other"
-    ("sparse_mla", r"sparse_decode|flash_?mla|sparse_mla|_sm120_flashmla|mla_decode|dsv4_attn|flash_fwd|"
-                   r"sparse_attn"),
-    # our Triton kernels by name: the indexer's (ops/indexer_logits.py), hc_prenorm's fn split (ops/hc_prenorm)
-    ("indexer_logits", r"mqa_logits|indexer|paged_mqa|^_paged_kernel$|^_flat_kernel$"),
-    ("hc_prenorm", r"hc_prenorm|prenorm|mhc|sinkhorn|hc_pre|hc_post|^_fn_split_kernel$"),
-    # our MoE's Triton kernels (ops/fp4_moe/kernels.py: _gemm1_kernel, _gemm2_kernel, _route_*, _swiglu_*, ...)
-    ("moe_experts", r"fp4_moe|fp4moe|moe|marlin|expert|fused_experts|grouped|^_gemm[12]_kernel$|"
-                    r"^_route_small_kernel$|^_swiglu_kernel$|^_count_kernel$|^_layout_kernel$|^_reduce_kernel$"),
-    ("fp8_linear", r"w8a8|fp8_gemm|block_fp8|gemm|matmul|cutlass|cublas|sm90_xmma|nvjet"),
-    ("quant_norm_rope", r"quant|rmsnorm|norm|rope|rotary"),
-    ("communication", r"nccl|allreduce|all_reduce|all_gather|cross_device"),
-)
+PROFILE_CONCURRENCIES = (1, 8, 32)
+PROFILE_PROMPT_TOKENS = 2048
 
 
-def classify_kernel(name: str) -> str:
-    low = name.lower()
-    for op, pattern in OP_PATTERNS:
-        if re.search(pattern, low):
-            return op
-    return "other"
-
-
-def kernel_times(trace_path: str) -> Dict[str, float]:
-    """Sum of GPU kernel durations (us) per kernel name in a torch.profiler Chrome trace (.json or .json.gz)."""
-    opener = gzip.open if trace_path.endswith(".gz") else open
-    with opener(trace_path, "rt") as f:
-        trace = json.load(f)
-    events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
-    out: Dict[str, float] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "Kernel", "gpu_memcpy", "gpu_memset"):
-            out[e.get("name", "?")] = out.get(e.get("name", "?"), 0.0) + float(e.get("dur", 0.0))
-    return out
-
-
-def op_shares(times: Dict[str, float]) -> Dict[str, object]:
-    total = sum(times.values())
-    by_op: Dict[str, float] = {}
-    for name, us in times.items():
-        by_op[classify_kernel(name)] = by_op.get(classify_kernel(name), 0.0) + us
-    top = sorted(times.items(), key=lambda kv: -kv[1])[:25]
-    return {"total_kernel_us": total,
-            "share": {op: us / total for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])} if total else {},
-            "top_kernels": [{"name": n[:160], "us": us, "op": classify_kernel(n)} for n, us in top]}
+def _rate(marks: List[tuple], t0: float, t1: float) -> Optional[float]:
+    """Tokens per second of one stream between its first and last token arrival inside [t0, t1]."""
+    inside = [(t, n) for t, n in marks if t0 <= t <= t1]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
 def profile_decode(url: str, seed: int, out_dir: str, concurrency: int = 8, steps: int = 20,
-                   new_tokens: int = 2048) -> Dict[str, object]:
-    """torch.profiler over ``steps`` scheduler steps of a decode batch, through SGLang's /start_profile
-    (ProfileReq: output_dir, num_steps, activities; the trace stops by itself after num_steps). ``concurrency``
-    streams of 2K-token prompts start together; the profile starts once every stream has its first token, so the
-    prefill of the batch is over and the profiled steps decode only (long generations: the batch cannot end and
-    refill during the profile); the streams are dropped afterwards (SGLang aborts a request whose client left)."""
+                   new_tokens: int = 2048, prompt_tokens: int = PROFILE_PROMPT_TOKENS, window_s: float = 1.0,
+                   first_token_timeout_s: float = 300.0) -> Dict[str, object]:
+    """One decode batch of ``concurrency`` streams (``prompt_tokens``-token prompts, long generations), measured twice:
+    (1) unprofiled: each stream's token rate over ``window_s`` once every stream decodes, which gives the wall time of
+    a step (one token per stream per step); (2) torch.profiler over ``steps`` scheduler steps through SGLang's
+    /start_profile (ProfileReq: output_dir, num_steps, activities; CPU activity for the cudaGraphLaunch calls that
+    delimit the steps, no stacks or shapes; the trace stops by itself), which gives each op's GPU time and the GPU's
+    busy time per step (kernel_ops.analyse). The profile starts after the window, so the profiled steps decode only;
+    the streams are dropped afterwards (SGLang aborts a request whose client left)."""
+    import kernel_ops
+
     os.makedirs(out_dir, exist_ok=True)
     decoding = threading.Semaphore(0)
     stop = threading.Event()
+    marks: List[List[tuple]] = [[] for _ in range(concurrency)]
 
     def stream(i: int) -> None:
         first = False
         try:
-            for _, chunk in srv.generate_stream(url, srv.generate_request(prompt(seed + 600 + 7919 * i, 2048),
-                                                                          new_tokens)):
-                if not first and int(chunk.get("meta_info", {}).get("completion_tokens", 0)) > 0:
-                    first = True
-                    decoding.release()
+            body = srv.generate_request(prompt(seed + 600 + 7919 * i, prompt_tokens), new_tokens)
+            for t, chunk in srv.generate_stream(url, body):
+                n = int(chunk.get("meta_info", {}).get("completion_tokens", 0))
+                if n > 0:
+                    marks[i].append((t, n))
+                    if not first:
+                        first = True
+                        decoding.release()
                 if stop.is_set():
                     return
+        except Exception:  # noqa: BLE001 - a failed stream shows as a missing rate
+            pass
         finally:
             if not first:
                 decoding.release()   # a failed stream must not hold the profile back
@@ -213,32 +186,65 @@ def profile_decode(url: str, seed: int, out_dir: str, concurrency: int = 8, step
     workers = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(concurrency)]
     for w in workers:
         w.start()
-    deadline = time.time() + 120
+    deadline = time.time() + first_token_timeout_s
     for _ in range(concurrency):
         decoding.acquire(timeout=max(0.0, deadline - time.time()))
-    time.sleep(0.2)
+    time.sleep(0.3)
+    t0 = time.time()
+    time.sleep(window_s)
+    t1 = time.time()
+    at_start = [m[-1][1] if m else 0 for m in marks]
     code, raw = srv.http("POST", url + "/start_profile",
-                         {"output_dir": out_dir, "num_steps": steps, "activities": ["CPU", "GPU"]}, timeout=120)
+                         {"output_dir": out_dir, "num_steps": steps, "activities": ["CPU", "GPU"],
+                          "with_stack": False, "record_shapes": False}, timeout=120)
     deadline = time.time() + 120
     traces: List[str] = []
     while time.time() < deadline and not traces:
-        time.sleep(3)
+        time.sleep(1)
         traces = sorted(glob.glob(os.path.join(out_dir, "**", "*.json*"), recursive=True))
-    time.sleep(3)  # let the writer finish
+    size = -1
+    while traces and time.time() < deadline:   # the writer is done once the file stops growing
+        now = sum(os.path.getsize(t) for t in traces)
+        if now == size:
+            break
+        size = now
+        time.sleep(1)
     stop.set()
     for w in workers:
         w.join(timeout=300)
+    rates = [r for r in (_rate(m, t0, t1) for m in marks) if r]
+    out: Dict[str, object] = {
+        "concurrency": concurrency, "requested_steps": steps, "prompt_tokens": prompt_tokens,
+        "streams_decoding": len(rates),
+        "context_tokens": prompt_tokens + (statistics.mean(at_start) if at_start else 0) + steps / 2,
+        "decode_tok_s_per_stream": statistics.median(rates) if rates else None,
+        "decode_tok_s": sum(rates) if rates else None,
+        "wall_us_per_step": 1e6 / statistics.median(rates) if rates else None,
+        "window_s": t1 - t0,
+    }
     if code != 200 or not traces:
-        return {"error": f"/start_profile answered {code} ({raw[:120]!r}); traces found: {len(traces)}"}
-    times: Dict[str, float] = {}
-    for path in traces:
-        for name, us in kernel_times(path).items():
-            times[name] = times.get(name, 0.0) + us
-    result = op_shares(times)
-    # GPU kernel time per op and decode step (the profiled steps all decode ``concurrency`` streams)
-    result["us_per_step"] = {op: share * result["total_kernel_us"] / steps for op, share in result["share"].items()}
-    result.update({"steps": steps, "concurrency": concurrency, "traces": [os.path.basename(t) for t in traces]})
-    return result
+        out["error"] = f"/start_profile answered {code} ({raw[:120]!r}); traces found: {len(traces)}"
+        return out
+    try:
+        out.update(kernel_ops.analyse_files(traces, steps))
+    except Exception as e:  # noqa: BLE001 - a trace that cannot be read is a result too
+        out["error"] = f"trace {traces[0]}: {type(e).__name__}: {e}"[:500]
+        return out
+    out["traces"] = [os.path.basename(t) for t in traces]
+    if out.get("wall_us_per_step") and out.get("gpu_busy_us_per_step") is not None:
+        out["gpu_busy_fraction"] = out["gpu_busy_us_per_step"] / out["wall_us_per_step"]
+    return out
+
+
+def profile_concurrencies(url: str, seed: int, out_dir: str, concurrencies=PROFILE_CONCURRENCIES, steps: int = 20,
+                          prompt_tokens: int = PROFILE_PROMPT_TOKENS, window_s: float = 1.0) -> Dict[str, dict]:
+    """profile_decode at each concurrency, one after another (a batch ends before the next starts): {"1": {...}}."""
+    out = {}
+    for conc in concurrencies:
+        out[str(conc)] = profile_decode(url, seed + conc, os.path.join(out_dir, f"c{conc}"), concurrency=conc,
+                                        steps=steps, prompt_tokens=prompt_tokens, window_s=window_s)
+        time.sleep(1.0)   # the dropped streams are aborted before the next batch arrives
+    return out
 
 
 # --------------------------------------------------------------------------------------------- soak

@@ -4,11 +4,14 @@ Switches (set by tools/e2e/setups.py per setup):
 * ``DSV4_E2E_SM120_VIEW=1``: SGLang's capability predicates answer as on an RTX PRO 6000 (sm120_view.py);
 * ``DSV4_E2E_WEIGHT_SEED=<int>``: seeded dummy weights in the checkpoint's formats (dummy_weights.py);
 * ``DSV4_E2E_WEIGHT_LOG=<dir>``: each process that initialises dummy weights writes the parameter list it filled
-  there (names, shapes, dtypes, how each was filled), so the harness can check that all setups built the same model.
+  there (names, shapes, dtypes, how each was filled), so the harness can check that all setups built the same model;
+* ``DSV4_E2E_TL_DISABLE_WGMMA=1``: every ``tilelang.jit`` gets the ``tl.disable_wgmma`` pass config, so TileLang
+  builds SM120's instruction class (mma.sync) on a wgmma GPU (tilelang_class.py; Triton's counterpart,
+  DISABLE_MMA_V3=1, is Triton's own variable and needs no shim).
 
-Both act through one import hook: a callback runs the moment a named SGLang module's body has executed, before any
-other module can import a name from it. Neither touches torch, Triton, FlashInfer, sgl_kernel, DeepGEMM or our
-library: kernels keep compiling for and selecting by the real GPU.
+All act through one import hook: a callback runs the moment a named module's body has executed, before any other
+module can import a name from it. None touches torch, Triton, FlashInfer, sgl_kernel, DeepGEMM or our library, and
+the TileLang switch only adds that one pass config: kernels keep compiling for and selecting by the real GPU.
 
 The start-up line is printed at the first import of ``sglang`` in the process (as our own hook prints its line at
 the first import of a package it patches), so helper processes that never import SGLang (multiprocessing's resource
@@ -26,6 +29,7 @@ LINE_TAG = "[dsv4-e2e-shim]"
 SM120_VIEW = "DSV4_E2E_SM120_VIEW"
 WEIGHT_SEED = "DSV4_E2E_WEIGHT_SEED"
 WEIGHT_LOG = "DSV4_E2E_WEIGHT_LOG"
+TL_NO_WGMMA = "DSV4_E2E_TL_DISABLE_WGMMA"
 
 STARTED = False
 _visited_dirs: List[str] = []  # directories whose sitecustomize.py has run in this process
@@ -110,6 +114,11 @@ def start() -> None:
 
         seed = dummy_weights.install(hook(), os.environ[WEIGHT_SEED])
         parts.append(f"dummy weights: seeded ({WEIGHT_SEED}={seed}, checkpoint formats)")
+    if env_on(TL_NO_WGMMA):
+        from . import tilelang_class
+
+        tilelang_class.install(hook())
+        parts.append(tilelang_class.describe())
     if not parts:
         parts.append("nothing forced")
     h = hook()
