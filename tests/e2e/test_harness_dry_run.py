@@ -23,6 +23,8 @@ FAKE_SERVER = textwrap.dedent('''
     ap.add_argument("--moe-runner-backend")
     args, _ = ap.parse_known_args()
     time.sleep(float(os.environ.get("FAKE_STARTUP_S", "0")))  # model load and graph capture
+    if os.environ.get("DSV4_KERNEL_CACHE_DIR"):   # what a first start leaves for the next (issue 62's dispatch)
+        open(os.path.join(os.environ["DSV4_KERNEL_CACHE_DIR"], "dispatch.json"), "a").close()
     # what the real server's model loader would call (the shim replaces it)
     import sglang.srt.model_loader.weight_utils as wu
     print("weights initialiser:", wu.initialize_dummy_weights.__name__, file=sys.stderr, flush=True)
@@ -178,8 +180,10 @@ def test_servers_start_together_and_measure_alone(tmp_path):
 def test_a_later_call_takes_over_servers_left_running(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     _fake_bundle(str(work))
-    # ready at once, but the requests' budget does not fit the 40 s call: both servers are left running
-    r1 = _run(work, out, "--sessions", "c-eager,b-eager", "--deadline-s", "40")
+    # ready at once, but the requests' budget (run_plan.work_s: a 40-layer model prefills slowly) does not fit the
+    # 40 s call: both servers are left running
+    r1 = _run(work, out, "--sessions", "c-eager,b-eager", "--deadline-s", "40", "--layers", "40",
+              "--servers-at-once", "2")
     assert r1.returncode == 0, r1.stdout[-3000:] + r1.stderr[-3000:]
     assert "left running" in r1.stdout and not os.path.exists(work / "results" / "b-eager.json")
     state = json.load(open(work / "servers.json"))
@@ -205,3 +209,33 @@ def test_sessions_with_results_are_not_run_again(tmp_path):
     assert "c-eager already ran in an earlier call" in r2.stdout and "c-eager: starting" not in r2.stdout
     assert "b-eager: starting" in r2.stdout
     assert set(json.load(open(out / "e2e.json"))["sessions"]) == {"c-eager", "b-eager"}
+
+
+def test_default_sessions_start_one_after_the_other_on_one_cache(tmp_path):
+    """b-graphs-default and its restart: no MoE runner flag, a fresh kernel cache for the first start, the same cache
+    for the second, which starts only once the first is over; rows for both in the checks (information)."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_bundle(str(work))
+    r = _run(work, out, "--sessions", "b-graphs-default-restart,b-graphs-default", "--servers-at-once", "2",
+             "--prompts", "2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    first_done = next(i for i, ln in enumerate(lines) if "b-graphs-default: 2 prompts" in ln)
+    second_start = next(i for i, ln in enumerate(lines) if "b-graphs-default-restart: starting" in ln)
+    assert second_start > first_done, r.stdout
+    doc = json.load(open(out / "e2e.json"))
+    first, second = doc["sessions"]["b-graphs-default"], doc["sessions"]["b-graphs-default-restart"]
+    assert "--moe-runner-backend" not in first["command"] and "--fp8-gemm-backend triton" in first["command"]
+    assert "DSV4_KERNEL_PREFER" not in first["env"]
+    assert first["env"]["DSV4_KERNEL_CACHE_DIR"] == second["env"]["DSV4_KERNEL_CACHE_DIR"]
+    assert first["kernel_cache"]["files_at_start"] == [] and second["kernel_cache"]["files_at_start"] == ["dispatch.json"]
+    names = {c["name"] for c in doc["checks"]}
+    assert "b-graphs-default-restart: start-up with default settings (second start)" in names
+
+
+def test_only_what_fits_is_started(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _fake_bundle(str(work))
+    r = _run(work, out, "--sessions", "c-eager", "--deadline-s", "60", "--start-only-what-fits")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "c-eager: not started: start-up (~300 s)" in r.stdout and "c-eager: starting" not in r.stdout

@@ -186,3 +186,81 @@ def test_forced_predicates_keep_lru_cache_interface():
     assert common.is_sm120_supported() is True and hasattr(common.is_sm120_supported, "cache_clear")
     assert common.get_device_sm() == 120
     assert not hasattr(common, "is_blackwell")  # absent names are not added
+
+
+STAND_IN_TILELANG = textwrap.dedent('''
+    import enum, json, os
+    class PassConfigKey(str, enum.Enum):
+        TL_DISABLE_TMA_LOWER = "tl.disable_tma_lower"
+        TL_DISABLE_WARP_SPECIALIZED = "tl.disable_warp_specialized"
+        TL_DISABLE_WGMMA = "tl.disable_wgmma"
+    def jit(func=None, *, out_idx=None, pass_configs=None, **kw):
+        def decorate(fn):
+            cfg = {getattr(k, "value", k): v for k, v in (pass_configs or {}).items()}
+            with open(os.environ["TL_RECORD"], "a") as f:
+                f.write(json.dumps({"kernel": fn.__name__, "pass_configs": cfg, "out_idx": out_idx}) + "\\n")
+            return fn
+        return decorate(func) if callable(func) else decorate
+''')
+
+TILELANG_CHILD = textwrap.dedent('''
+    import importlib
+    try:
+        import sglang  # noqa: F401  (the shim's line; not installed here)
+    except ImportError:
+        pass
+    import tilelang
+    @tilelang.jit
+    def bare(): pass
+    @tilelang.jit(out_idx=[1], pass_configs={tilelang.PassConfigKey.TL_DISABLE_TMA_LOWER: True,
+                                             tilelang.PassConfigKey.TL_DISABLE_WGMMA: False})
+    def with_configs(): pass
+    def lazy(): pass
+    importlib.import_module("tilelang").jit(**{})(lazy)   # mhc.py's lazy proxy: real_tilelang.jit(**kwargs)(fn)
+    print("child ran")
+''')
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_tilelang_kernels_get_the_wgmma_switch_in_the_mma_class(tmp_path, forced):
+    """DSV4_E2E_TL_DISABLE_WGMMA=1: every tilelang.jit (bare decorator, with arguments, through the module looked up
+    again as mhc.py does) compiles with tl.disable_wgmma on, the kernel's own pass configs kept; without it, none."""
+    pkg = tmp_path / "stand_in" / "tilelang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(STAND_IN_TILELANG)
+    record = tmp_path / "record.jsonl"
+    env = {"TL_RECORD": str(record), "DSV4_E2E_SM120_VIEW": "1"}
+    if forced:
+        env["DSV4_E2E_TL_DISABLE_WGMMA"] = "1"
+    r = run_child(TILELANG_CHILD, path=[SHIM_DIR, str(tmp_path / "stand_in")], with_root=False, env=env)
+    assert r.returncode == 0 and "child ran" in r.stdout, r.stderr[-3000:]
+    rows = {row["kernel"]: row for row in map(json.loads, open(record))}
+    assert set(rows) == {"bare", "with_configs", "lazy"}
+    assert rows["with_configs"]["out_idx"] == [1] and rows["with_configs"]["pass_configs"]["tl.disable_tma_lower"]
+    for row in rows.values():
+        assert row["pass_configs"].get("tl.disable_wgmma", False) is forced, rows
+    assert ("TileLang: tl.disable_wgmma added to every tilelang.jit" in r.stderr) is forced
+
+
+def test_sglang_compiles_its_tilelang_kernels_through_tilelang_jit():
+    """Why wrapping tilelang.jit reaches every TileLang kernel of SGLang 0.5.17: each is built by the ``jit``
+    attribute of the tilelang module (never a name imported from it, nor tilelang.compile / lower)."""
+    import re
+
+    root = os.path.join(sglang_dir(SGLANG_VERSION), "sglang")
+    users, bypass = [], []
+    for d, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            src = open(os.path.join(d, f), errors="replace").read()
+            if "tilelang" not in src:
+                continue
+            rel = os.path.relpath(os.path.join(d, f), root)
+            if re.search(r"@tilelang\.jit|real_tilelang\.jit\(", src):
+                users.append(rel)
+            if re.search(r"from tilelang import [^\n]*\bjit\b|tilelang\.compile\(|tilelang\.lower\(|"
+                         r"tilelang\.jit\.compile\(", src):
+                bypass.append(rel)
+    assert sorted(users) == ["kernels/ops/attention/dsa/tilelang_kernel.py", "kernels/ops/layernorm/mhc.py"]
+    assert bypass == []
