@@ -1,24 +1,26 @@
 """The end-to-end harness on the GPU test machine: one script, stages chosen by arguments.
 
-    python3 tools/e2e/run_e2e.py --stages prepare,run,report --sessions c-graphs,b-graphs,a-graphs --out "$OUT"
+    python3 tools/e2e/run_e2e.py --stages prepare,run,report --sessions a-graphs,c-graphs,b-graphs --profile --out "$OUT"
 
 Stages (each call runs the stages it names, and ``report`` always writes what is known so far to --out):
 * ``fetch``: copy the bundle parts carried in this call (``.e2e/parts/*``) to <work>/parts (parts arrive over
   several calls while the machine stays warm);
-* ``prepare``: check every part against tools/e2e/bundle_manifest.json, unpack them (once), build our library into
-  <work>/dsv4 (``DSV4_KERNEL_EXTRA_ARCHS=90a scripts/build.sh``, once), write the model config;
-* ``run``: for each session (``<setup>-<graphs|eager>[-mtp]``, setups a/b/c of setups.py) start
-  ``python3 -m sglang.launch_server`` with the setup's environment, send the correctness requests (16 prompts x 32
-  greedy tokens, logprobs and top-2; then c-graphs' tokens scored teacher-forced), and in ``<setup>-graphs``
-  sessions with --throughput the throughput table,
-  with --profile the per-op profile of its decode step, then stop the server (its whole process group);
-  ``--soak N`` runs a separate ``b-graphs-soak`` session;
-* ``report``: compare the sessions' outputs, run the checks, write e2e.json, e2e_table.md, e2e_throughput.png
-  (if matplotlib is there) and e2e_logs.tar.xz to --out.
+* ``prepare`` (prepare.py): check every part against tools/e2e/bundle_manifest.json, unpack them (once), build our
+  library into <work>/dsv4 (``DSV4_KERNEL_EXTRA_ARCHS=90a scripts/build.sh``, once), write the model config
+  (``--layers``), measure the copy bandwidth of the floors (once, before any server);
+* ``run``: for each session (``<setup>-<graphs|eager>[-modifiers]``, sessions.py; setups a/b/c of setups.py) start
+  ``python3 -m sglang.launch_server`` with the setup's environment and instruction class, send the correctness
+  requests (--prompts prompts x 32 greedy tokens, logprobs and top-2; then c-graphs' tokens scored teacher-forced), and
+  in ``<setup>-graphs`` sessions with --throughput the throughput table, with --profile the per-op profile of the
+  decode step at 1 / 8 / 32 streams, then stop the server (its whole process group); ``--soak N`` runs a separate
+  ``b-graphs-soak`` session;
+* ``report``: compare the sessions' outputs, run the checks, add the profiles' floors, write e2e.json, e2e_table.md,
+  e2e_throughput.png (if matplotlib is there) and e2e_logs.tar.xz to --out.
 Results of earlier calls stay in <work>/results, so the sessions can be spread over calls of at most 10 minutes: a
 session with a result is not run again (unless --rerun), and servers that a call's deadline left running (they run in
 their own process groups) are taken over by the next call's run stage. Up to --servers-at-once servers start
-together, each with its KV pool capped (--max-total-tokens); their requests still run one session at a time.
+together (auto: as many as fit the GPU's memory at this depth), each with its KV pool capped (--max-total-tokens);
+their requests still run one session at a time.
 """
 
 from __future__ import annotations
