@@ -90,9 +90,15 @@ def profile_checks(profiles: Mapping[str, Mapping[str, dict]], fractions: Mappin
     out = []
     for key, by_conc in sorted(profiles.items()):
         bad = [c for c, p in by_conc.items() if p.get("error") or not p.get("us_per_step")]
+        # steps found in the trace against the steps asked for: far off means the step detection counted another
+        # unit (e.g. two graph launches a step), which the per-step numbers would then be off by
+        odd = [f"c{c}: {p.get('steps')} steps ({p.get('step_method')}) for {p.get('requested_steps')} asked"
+               for c, p in by_conc.items() if p.get("requested_steps") and p.get("steps")
+               and not 0.5 <= p["steps"] / p["requested_steps"] <= 1.5]
         out.append(_check(f"profile {key}: every concurrency profiled", not bad and bool(by_conc),
                           f"concurrencies {sorted(by_conc, key=int)}" + (f"; failed {bad}: "
-                          + "; ".join(str(by_conc[c].get("error"))[:150] for c in bad) if bad else "")))
+                          + "; ".join(str(by_conc[c].get("error"))[:150] for c in bad) if bad else "")
+                          + (f"; step count off: {odd}" if odd else "")))
     for key, f in sorted(fractions.items()):
         frac = f.get("fraction")
         out.append(_check(f"profile {key}: GPU busy >= {FRACTION_TARGET:.0%} of the one-stream step "

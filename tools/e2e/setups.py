@@ -15,8 +15,9 @@ selectable with ``moe_c``.
 
 Instruction class. (a) and (b) are the SM120 view, so their JIT-built kernels are built in SM120's instruction class
 ("mma": no wgmma) unless a session asks for the test GPU's own ("native", session suffix ``-native``):
-* Triton: ``DISABLE_MMA_V3=1``. Triton 3.6.0 reads it in libtriton (the MMA-version choice of its AccelerateMatmul
-  pass: MMA v3 = wgmma is not offered, v2 = mma.sync is taken) and lists it in ``get_cache_invalidating_env_vars()``,
+* Triton: ``DISABLE_MMA_V3=1``. Triton 3.6.0 reads it in libtriton (``supportMMA(op, 3)`` in lib/Analysis/
+  Utility.cpp answers no, so AccelerateMatmul takes MMA v2 = mma.sync instead of v3 = wgmma; the variable's name is
+  in the installed libtriton.so) and lists it in ``get_cache_invalidating_env_vars()``,
   so it is part of every kernel's cache key; each class still gets its own TRITON_CACHE_DIR (and TorchInductor's and
   TileLang's cache directories), so no cache directory ever holds both classes.
 * TileLang 0.1.11 has no environment variable for it: ``tl.disable_wgmma`` is a pass config (PassConfigKey
