@@ -120,6 +120,7 @@ def run(args, bench, bw: float, log=print, on_row=None) -> dict:
                 prepared[c.short] = f"prepare: {type(e).__name__}: {str(e)[:200]}"
                 log(f"vs tp={tp}: {c.short} prepare failed: {prepared[c.short]}")
         for M in tokens:
+            tr = time.time()
             row = rows_for(M, tp, shape, w, weights, prepared, impls, bench, bw, l2, op, fp4_moe_reference,
                            rotation_count, time_rotated)
             res["rows"].append(row)
@@ -127,7 +128,7 @@ def run(args, bench, bw: float, log=print, on_row=None) -> dict:
                 on_row(res)
             log(f"vs tp={tp} M={M}: " + ", ".join(f"{k} {v:.1f} us" for k, v in row["us"].items())
                 + f"; floor {row['weight_floor_us']:.1f} us"
-                + "".join(f"; {k} {v}" for k, v in row["status"].items()))
+                + "".join(f"; {k} {v}" for k, v in row["status"].items()) + f" ({time.time() - tr:.1f} s)")
         del prepared, weights, w
         torch.cuda.empty_cache()
     res["seconds"] = round(time.time() - t0, 1)

@@ -386,3 +386,48 @@ def test_sglang_0_5_17_has_the_forms_the_loader_uses():
         assert builder in {n.name for n in ast.parse(open(path).read()).body if isinstance(n, ast.FunctionDef)}
     assert sources.signature_of(os.path.join(tree, "kernels", "ops", "moe", "moe_wna16_marlin.py"),
                                 "_jit_moe_wna16_marlin_module") == ["dtype", "is_ep", "has_bias"]
+
+
+def test_run_per_tp_shard_writes_rows_as_it_goes(monkeypatch):
+    """vs.run end to end on the CPU: tiny shards, the real float64 reference as the check, a fake competitor that
+    computes the right answer and fixed timings; the JSON of every row so far is handed to on_row."""
+    import json
+
+    from deepseek_v4_kernel.bench import timing
+    from deepseek_v4_kernel.reference.fp4_moe import fp4_moe_reference
+
+    class Bench(FakeBench):
+        def make_weights(self, seed=0, inter=None):
+            g = torch.Generator().manual_seed(seed)
+            return (torch.randint(0, 256, (self.E, 2 * inter, self.H // 2), generator=g, dtype=torch.uint8),
+                    torch.randint(118, 125, (self.E, 2 * inter, self.H // 32), generator=g, dtype=torch.uint8),
+                    torch.randint(0, 256, (self.E, self.H, inter // 2), generator=g, dtype=torch.uint8),
+                    torch.randint(118, 125, (self.E, self.H, inter // 32), generator=g, dtype=torch.uint8))
+
+        def run_ours(self, x, w, tw, ids, impl, out):
+            out.copy_(fp4_moe_reference(x, *w, tw, ids, swiglu_limit=self.LIMIT, routed_scaling_factor=self.RSF))
+            return out
+
+    bench = Bench()
+    prepared = []
+
+    def prep(w):
+        prepared.append(w["w13"].shape[1] // 2)
+        return (w["w13"], w["w13_scale"], w["w2"], w["w2_scale"])
+    fake = mc.MoeCompetitor(mc.MARLIN, "test", prepare_fn=prep, bind_fn=lambda st, x, tw, ids: (
+        lambda: fp4_moe_reference(x, *st, tw, ids, swiglu_limit=10.0, routed_scaling_factor=1.5).bfloat16()))
+    monkeypatch.setattr(mc, "moe_competitors", lambda allow_jit=None, include=(): [fake])
+    monkeypatch.setattr(mc, "moe_shape", lambda tp: mc.MoeShape(8, 2, 64, 128 // tp, tp))
+    monkeypatch.setattr(timing, "l2_bytes", lambda: 1 << 16)
+    monkeypatch.setattr(timing, "time_rotated", lambda calls: (7.0 * len(calls), "graph"))
+    args = argparse.Namespace(vs="marlin", vs_tp="1,4", vs_tokens="1,3", vs_impls="default", vs_require="marlin",
+                              allow_jit=False)
+    saved = []
+    res = vs.run(args, bench, 1e12, log=lambda m: None, on_row=lambda r: saved.append(json.dumps(r)))
+    assert prepared == [128, 32] and len(saved) == 4 and [(r["tp"], r["tokens"]) for r in res["rows"]] == [
+        (1, 1), (1, 3), (4, 1), (4, 3)]
+    for r in res["rows"]:
+        assert set(r["us"]) == {"ours", "marlin"} and r["status"] == {} and r["marlin_over_ours"] == 1.0
+        assert r["error"]["marlin"] < vs.TOLERANCE and r["sets"] >= 2
+    assert json.loads(saved[-1])["rows"][-1]["inter"] == 32
+    assert "| 4 | 32 | 3 |" in vs.table(res)
