@@ -247,7 +247,8 @@ class FakeBench:
 
     @staticmethod
     def reference(x, w13, s13, w2, s2, tw, ids, swiglu_limit=None, routed_scaling_factor=None):
-        return (x.double() * (tw.double().sum(1, keepdim=True) * routed_scaling_factor)) + ids.double().sum(1, keepdim=True)
+        scale = tw.double().sum(1, keepdim=True) * routed_scaling_factor
+        return x.double() * scale + ids.double().sum(1, keepdim=True)
 
 
 class _Prepared:

@@ -39,7 +39,8 @@ fi
 # (the bench puts the repo first) with the built library; no sitecustomize: SGLang is not patched in this process.
 export DSV4_KERNEL_LIB=$lib PYTHONPATH=$W/tf:$SITE
 cache=${TVM_FFI_CACHE_DIR:-$HOME/.cache/tvm-ffi}
-echo "library $lib; SGLang from $SITE; tvm-ffi cache $cache: $(ls "$cache" 2>/dev/null | grep -c sgl_kernel_jit) module(s)"
+n_jit=$(ls "$cache" 2>/dev/null | grep -c sgl_kernel_jit)
+echo "library $lib; SGLang from $SITE; tvm-ffi cache $cache: $n_jit module(s)"
 ls "$cache" 2>/dev/null | grep -E "marlin|align_single|topk_sum" | sed 's/^/  /'
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 allow=${DSV4_BENCH_ALLOW_SGLANG_JIT:-}
