@@ -104,6 +104,10 @@ def run(args, bench, bw: float, log=print, on_row=None) -> dict:
                                                              + [f"{n}: not in --vs" for n in sorted(missing)]))
         raise Required(3)
     runnable = [c for c in found if c.available]
+    if not runnable and not args.vs_only:   # the bench's default run: no rows of ours alone (--vs-only times them)
+        log("vs: no SGLang MoE runner runs here; section skipped")
+        res["seconds"] = round(time.time() - t0, 1)
+        return res
     l2 = l2_bytes()
     for tp in tps:
         shape = mc.moe_shape(tp)

@@ -337,12 +337,16 @@ def test_bench_options():
 def test_required_competitor_stops_the_run(monkeypatch):
     monkeypatch.setattr(mc, "_capability", lambda: (8, 9))
     args = argparse.Namespace(vs="marlin", vs_tp="1", vs_tokens="1", vs_impls="default", vs_require="marlin",
-                              allow_jit=False)
+                              allow_jit=False, vs_only=True)
     lines = []
     with pytest.raises(vs.Required) as e:
         vs.run(args, FakeBench(), 1e12, log=lines.append)
     assert e.value.code == 3 and any("required competitor cannot run: marlin: SGLang's Mxfp4MarlinMoEMethod" in l
                                      for l in lines)
+    # without --vs-require and --vs-only (the bench's default run): nothing runs, no rows, no GPU touched
+    res = vs.run(argparse.Namespace(**dict(vars(args), vs_require="", vs_only=False)), FakeBench(), 1e12,
+                 log=lines.append)
+    assert res["rows"] == [] and "section skipped" in lines[-1] and not res["competitors"][0]["available"]
 
 
 # ----------------------------------------------------------------------------- SGLang's call forms
@@ -422,7 +426,7 @@ def test_run_per_tp_shard_writes_rows_as_it_goes(monkeypatch):
     monkeypatch.setattr(timing, "l2_bytes", lambda: 1 << 16)
     monkeypatch.setattr(timing, "time_rotated", lambda calls: (7.0 * len(calls), "graph"))
     args = argparse.Namespace(vs="marlin", vs_tp="1,4", vs_tokens="1,3", vs_impls="default", vs_require="marlin",
-                              allow_jit=False)
+                              allow_jit=False, vs_only=True)
     saved = []
     res = vs.run(args, bench, 1e12, log=lambda m: None, on_row=lambda r: saved.append(json.dumps(r)))
     assert prepared == [128, 32] and len(saved) == 4 and [(r["tp"], r["tokens"]) for r in res["rows"]] == [

@@ -16,6 +16,7 @@
 # Usage (repo root): OUT=/some/dir bash tools/gpu_moe_competitors.sh
 #   [MMA_SYNC_TOKENS=64,128,256] (the mma.sync pass re-times only the sizes where our default impl is Triton:
 #   <= 32 tokens it is the compiled cuda_decode, the same kernel in both classes; MMA_SYNC_TOKENS=all for every size)
+#   [USER_BENCH=1] (also `python -m deepseek_v4_kernel bench --ops fp4_moe --quick`, Marlin as its competitor: +~40 s)
 # Time: <= 150 s (native pass <= 95 s, mma.sync pass <= 50 s, each killed at its limit; JSON is written per row).
 # Writes $OUT/moe_competitors/{native,mma_sync}/{bench_fp4_moe.json,table.md,bench_fp4_moe.png,bench.log}.
 set -uo pipefail
@@ -71,6 +72,15 @@ mkdir -p "$R/mma_sync"; mv "$R/mma_sync.log" "$R/mma_sync/bench.log"
 echo "mma.sync pass rc=$rc2 ($(( $(date +%s) - t0 )) s)"
 grep -E "WRONG|failed|Traceback|Error" "$R/mma_sync/bench.log" | head -10 | cut -c1-300
 
+rc3=0
+if [ "${USER_BENCH:-}" = 1 ]; then
+  t0=$(date +%s)
+  timeout 90 python3 -m deepseek_v4_kernel bench --ops fp4_moe --quick --out "$R/user_bench.json" \
+      > "$R/user_bench.log" 2>&1
+  rc3=$?
+  echo "user bench rc=$rc3 ($(( $(date +%s) - t0 )) s)"; tail -12 "$R/user_bench.log" | cut -c1-220
+fi
+
 python3 - "$R" <<'EOF'
 import json, os, sys
 sys.path.insert(0, "benchmarks")
@@ -96,4 +106,4 @@ for mode in ("native", "mma_sync"):
         if s:
             print(s)
 EOF
-exit $(( rc1 || rc2 ))
+exit $(( rc1 || rc2 || rc3 ))
