@@ -271,7 +271,7 @@ def main():
                           if not k.endswith("_config")}))
         json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)
 
-    if args.vs.strip():   # its own weights per TP shard: ours go first (GiBs)
+    if args.vs.strip() or args.vs_only:   # its own weights per TP shard: ours go first (GiBs)
         w = w_f32 = None
         torch.cuda.empty_cache()
         def save(res):

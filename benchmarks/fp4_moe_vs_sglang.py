@@ -38,7 +38,8 @@ def tolerance_for(name: str) -> float:
 
 def add_args(ap) -> None:
     ap.add_argument("--vs", default="marlin,flashinfer_sm120,flashinfer_sm90",
-                    help="SGLang MoE runners to compare with (moe_competitors short names); '' for none")
+                    help="SGLang MoE runners to compare with (moe_competitors short names); '' for none (with "
+                         "--vs-only: ours alone, e.g. for with_competitors_of)")
     ap.add_argument("--vs-tp", default="1,2,4", help="TP shards of the comparison (I = 2048 / tp)")
     ap.add_argument("--vs-tokens", default=",".join(map(str, VS_TOKENS)))
     ap.add_argument("--vs-impls", default="default",
@@ -193,6 +194,30 @@ def rows_for(M, tp, shape, w, weights, prepared, impls, bench, bw, l2, op, refer
     return row
 
 
+def with_competitors_of(res: dict, other: dict, note: str) -> dict:
+    """``res`` (ours only, e.g. the mma.sync pass) with the competitor times of ``other`` (the native pass of the same
+    script run: the same weights and routing seeds; Marlin and FlashInfer are CUDA, the same kernels in both classes)
+    at the same (tp, tokens), the ratios and floors recomputed; ``note`` says where they come from."""
+    import copy
+
+    out = copy.deepcopy(res)
+    by_point = {(r["tp"], r["tokens"]): r for r in other.get("rows", [])}
+    names = [c["short"] for c in other.get("competitors", []) if c["available"]]
+    out["competitors"] = [c for c in other.get("competitors", [])]
+    out["competitor_times_from"] = note
+    for r in out["rows"]:
+        o = by_point.get((r["tp"], r["tokens"]))
+        if o is None:
+            continue
+        for n in names:
+            if n in o["us"]:
+                r["us"][n] = o["us"][n]
+            elif n in o["status"]:
+                r["status"][n] = o["status"][n]
+        r.update(mc.floor_summary(r["us"], r["weight_floor_us"]))
+    return out
+
+
 def table(res: dict) -> str:
     """One line per (tp, tokens): floor, ours, each competitor's µs, % of floor and time / ours."""
     comps = [c["short"] for c in res.get("competitors", []) if c["available"]]
@@ -218,6 +243,8 @@ def table(res: dict) -> str:
     notes = [f"  {c['short']}: not timed: {c['reason']}" for c in res.get("competitors", []) if not c["available"]]
     cls = "mma.sync builds (DISABLE_MMA_V3=1, SM120's class) for our Triton parts" if res.get("mma_sync") \
         else "native instruction class"
+    src = res.get("competitor_times_from")
+    notes += [f"  competitor times: {src}"] if src else []
     return "\n".join([f"ours vs SGLang's MoE runners ({cls}; x/ours > 1: ours faster):"] + lines + notes)
 
 

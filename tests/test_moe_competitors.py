@@ -436,3 +436,20 @@ def test_run_per_tp_shard_writes_rows_as_it_goes(monkeypatch):
         assert r["error"]["marlin"] < vs.TOLERANCE and r["sets"] >= 2
     assert json.loads(saved[-1])["rows"][-1]["inter"] == 32
     assert "| 4 | 32 | 3 |" in vs.table(res)
+
+
+def test_mma_sync_pass_takes_the_native_pass_competitor_times():
+    native = _fake_result()
+    mma = {"mma_sync": True, "tp": [1, 4], "competitors": [], "rows": []}
+    for r in native["rows"]:
+        m = {k: v for k, v in r.items() if not k.endswith(("_pct_floor", "_over_ours"))}
+        m.update(us={"ours": r["us"]["ours"] / 2}, status={}, error={})
+        mma["rows"].append(m)
+    mma["rows"].append(dict(mma["rows"][0], tokens=2, us={"ours": 30.0}))   # a point the native pass lacks
+    got = vs.with_competitors_of(mma, native, "the native pass")
+    assert [r["us"] for r in got["rows"]] == [{"ours": 25.0, "marlin": 40.0}, {"ours": 50.0, "marlin": 150.0},
+                                              {"ours": 100.0}, {"ours": 30.0}]
+    assert got["rows"][0]["marlin_over_ours"] == 1.6 and got["rows"][1]["marlin_over_ours"] == 3.0
+    assert got["rows"][2]["status"]["marlin"].startswith("WRONG") and "marlin_over_ours" not in got["rows"][3]
+    assert mma["rows"][0]["us"] == {"ours": 25.0}    # the input is left as it was
+    assert "competitor times: the native pass" in vs.table(got)

@@ -14,11 +14,13 @@
 # moe_wna16_marlin, seconds for the others) and this script stops (exit 3) unless DSV4_BENCH_ALLOW_SGLANG_JIT=1.
 #
 # Usage (repo root): OUT=/some/dir bash tools/gpu_moe_competitors.sh
-#   [MMA_SYNC_TOKENS=64,128,256] (the mma.sync pass re-times only the sizes where our default impl is Triton:
-#   <= 32 tokens it is the compiled cuda_decode, the same kernel in both classes; MMA_SYNC_TOKENS=all for every size)
+#   [MMA_SYNC_TOKENS=1,2,...,256] (sizes of the mma.sync pass; default all nine). That pass times ours only: the
+#   competitors' times come from the native pass of the same call (the same weights and routing seeds; Marlin and
+#   FlashInfer are CUDA, one class), which saves its SGLang import (~20 s) and the weight repacks.
 #   [USER_BENCH=1] (also `python -m deepseek_v4_kernel bench --ops fp4_moe --quick`, Marlin as its competitor: +~40 s)
 # Time: <= 150 s (native pass <= 95 s, mma.sync pass <= 50 s, each killed at its limit; JSON is written per row).
-# Writes $OUT/moe_competitors/{native,mma_sync}/{bench_fp4_moe.json,table.md,bench_fp4_moe.png,bench.log}.
+# Writes $OUT/moe_competitors/{native,mma_sync}/{bench_fp4_moe.json,table.md,bench_fp4_moe.png,bench.log} and
+# $OUT/moe_competitors/summary.json (both passes, the mma.sync one with the native pass's competitor times).
 set -uo pipefail
 OUT=${OUT:?set OUT to a directory for the results}
 W=${E2E_WORK:-/tmp/e2e}
@@ -62,10 +64,9 @@ if [ $rc1 -eq 3 ]; then
   exit 3
 fi
 
-mt=${MMA_SYNC_TOKENS:-64,128,256}
-[ "$mt" = all ] && mt=1,2,4,8,16,32,64,128,256
+mt=${MMA_SYNC_TOKENS:-1,2,4,8,16,32,64,128,256}
 t0=$(date +%s)
-DISABLE_MMA_V3=1 timeout 50 python3 benchmarks/bench_fp4_moe.py --out "$R/mma_sync" "${common[@]}" \
+DISABLE_MMA_V3=1 timeout 50 python3 benchmarks/bench_fp4_moe.py --out "$R/mma_sync" --vs-only --vs "" \
     --vs-tokens "$mt" > "$R/mma_sync.log" 2>&1
 rc2=$?
 mkdir -p "$R/mma_sync"; mv "$R/mma_sync.log" "$R/mma_sync/bench.log"
@@ -85,20 +86,28 @@ python3 - "$R" <<'EOF'
 import json, os, sys
 sys.path.insert(0, "benchmarks")
 import fp4_moe_vs_sglang as vs
+docs = {}
 for mode in ("native", "mma_sync"):
     p = os.path.join(sys.argv[1], mode, "bench_fp4_moe.json")
-    if not os.path.isfile(p):
-        print(f"=== {mode}: no JSON ({p})"); continue
-    doc = json.load(open(p))
-    res = doc.get("vs_sglang")
-    if not res:
-        print(f"=== {mode}: no vs-SGLang section in {p}"); continue
-    print(f"=== {mode}: {doc['device']}, copy {doc['copy_bw_Bps'] / 1e12:.2f} TB/s, {len(res['rows'])} rows")
+    if os.path.isfile(p) and json.load(open(p)).get("vs_sglang"):
+        docs[mode] = json.load(open(p))
+    else:
+        print(f"=== {mode}: no vs-SGLang result in {p}")
+if "mma_sync" in docs and "native" in docs:
+    docs["mma_sync"]["vs_sglang"] = vs.with_competitors_of(
+        docs["mma_sync"]["vs_sglang"], docs["native"]["vs_sglang"],
+        "the native pass of this call (same weights and routing; CUDA kernels, one class)")
+json.dump({m: d["vs_sglang"] for m, d in docs.items()}, open(os.path.join(sys.argv[1], "summary.json"), "w"),
+          indent=1)
+for mode, doc in docs.items():
+    res = doc["vs_sglang"]
+    print(f"=== {mode}: {doc['device']}, copy {doc['copy_bw_Bps'] / 1e12:.2f} TB/s, {len(res['rows'])} rows, "
+          f"{res.get('seconds')} s")
     errs = {}
     for r in res["rows"]:
         for k, e in r["error"].items():
             errs[k] = max(errs.get(k, 0.0), e)
-    print("max relative L2 error against the float64 reference: "
+    print("max relative L2 error against the float64 reference (checked before timing): "
           + ", ".join(f"{k} {v:.2e}" for k, v in sorted(errs.items())))
     print(vs.table(res))
     for name in [c["short"] for c in res["competitors"] if c["available"]]:
