@@ -160,19 +160,28 @@ def test_jit_verdict(fake_jit):
     status = mc.probe_jit(entries[:2])
     reason, notes = mc.jit_verdict(status, allow_jit=False)
     assert reason.startswith("SGLang would JIT-compile not_cached first") and "prebuild_jit.py" in reason
-    assert mc.ALLOW_JIT_ENV in reason and notes == []
+    assert "tens of seconds" in reason and mc.ALLOW_JIT_ENV in reason and notes == []
     assert mc.jit_verdict(status, allow_jit=True) == ("", ["compiles on first use: not_cached"])
+    assert mc.jit_verdict(status, allow_jit="small") == ("", ["compiles on first use: not_cached"])
+    heavy = {"_jit_moe_wna16_marlin_module": ("would compile", "x"), "small_one": ("would compile", "y")}
+    reason, _ = mc.jit_verdict(heavy, allow_jit="small")
+    assert reason.startswith("SGLang would JIT-compile _jit_moe_wna16_marlin_module first") and "~5 min" in reason
+    assert mc.jit_verdict(heavy, allow_jit="all")[0] == ""
     reason, _ = mc.jit_verdict(mc.probe_jit(entries), allow_jit=True)
     assert reason == "SGLang's JIT modules do not load: broken: RuntimeError: bad ELF"
     assert mc.jit_verdict({"a": ("loaded", ""), "b": ("absent", "ImportError: no")}, False) == (
         "", ["b absent from this SGLang (ImportError: no)"])
 
 
-def test_allow_jit_from_the_environment(monkeypatch):
-    monkeypatch.delenv(mc.ALLOW_JIT_ENV, raising=False)
-    assert not mc._allow_jit(None) and mc._allow_jit(True)
-    monkeypatch.setenv(mc.ALLOW_JIT_ENV, "1")
-    assert mc._allow_jit(None) and not mc._allow_jit(False)
+@pytest.mark.parametrize("env,arg,want", [(None, None, ""), ("1", None, "all"), ("small", None, "small"),
+                                          ("yes", None, ""), ("1", False, ""), (None, True, "all"),
+                                          (None, "small", "small")])
+def test_allow_jit_from_the_argument_or_the_environment(monkeypatch, env, arg, want):
+    if env is None:
+        monkeypatch.delenv(mc.ALLOW_JIT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(mc.ALLOW_JIT_ENV, env)
+    assert mc._allow_jit(arg) == want
 
 
 # ----------------------------------------------------------------------------- the user bench's form

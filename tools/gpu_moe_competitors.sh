@@ -11,7 +11,9 @@
 # prebuild_jit.py's modules installed into the tvm-ffi cache, ${TVM_FFI_CACHE_DIR:-~/.cache/tvm-ffi}); our library
 # built for sm_90a: build/dsv4 (DSV4_KERNEL_EXTRA_ARCHS=90a scripts/build.sh) or /tmp/e2e/dsv4 (prepare's build).
 # If a Marlin JIT module is not in the cache, the bench says which and that it would compile (~5 min of nvcc for
-# moe_wna16_marlin, seconds for the others) and this script stops (exit 3) unless DSV4_BENCH_ALLOW_SGLANG_JIT=1.
+# moe_wna16_marlin, tens of seconds for each of the others) and this script stops (exit 3) unless
+# DSV4_BENCH_ALLOW_SGLANG_JIT=1 (compile them all here: native pass limit 600 s) or =small (all but moe_wna16_marlin,
+# e.g. a .e2e/jit made by the prebuild_jit.py before it built the small modules: limit 240 s).
 #
 # Usage (repo root): OUT=/some/dir bash tools/gpu_moe_competitors.sh
 #   [MMA_SYNC_TOKENS=1,2,...,256] (sizes of the mma.sync pass; default all nine). That pass times ours only: the
@@ -48,7 +50,8 @@ ls "$cache" 2>/dev/null | grep -E "marlin|align_single|topk_sum" | sed 's/^/  /'
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 allow=${DSV4_BENCH_ALLOW_SGLANG_JIT:-}
 native_limit=95
-[ "$allow" = 1 ] && native_limit=600   # compiling Marlin's module takes ~5 min of this call
+[ "$allow" = 1 ] && native_limit=600       # compiling Marlin's module takes ~5 min of this call
+[ "$allow" = small ] && native_limit=240   # the three small modules: tens of seconds each
 common=(--vs-only --vs-require marlin)
 
 t0=$(date +%s)
@@ -60,7 +63,8 @@ grep -E "^vs: |WRONG|failed|Traceback|Error" "$R/native/bench.log" | head -20 | 
 if [ $rc1 -eq 3 ]; then
   echo "gpu_moe_competitors: Marlin cannot run here (above); nothing timed. If its JIT modules are missing: run"
   echo "  python3.12 tools/e2e/prebuild_jit.py here and carry .e2e/jit (prepare installs it), or set"
-  echo "  DSV4_BENCH_ALLOW_SGLANG_JIT=1 (the first Marlin call then compiles for ~5 min of device time)"
+  echo "  DSV4_BENCH_ALLOW_SGLANG_JIT=1 (the first Marlin call then compiles for ~5 min of device time; =small: all"
+  echo "  but moe_wna16_marlin)"
   exit 3
 fi
 

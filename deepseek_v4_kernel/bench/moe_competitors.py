@@ -22,7 +22,8 @@ SGLang is imported (these paths need its package, sgl-kernel and tvm-ffi), only 
 Its JIT modules (tvm-ffi: ``moe_wna16_marlin``, ``gptq_marlin_repack``, ``moe_align_single_token``,
 ``moe_topk_sum``) load from the tvm-ffi cache (``TVM_FFI_CACHE_DIR``, default ``~/.cache/tvm-ffi``) where
 tools/e2e/prebuild_jit.py's modules are installed; one that would compile first (``moe_wna16_marlin``: ~5 min of
-nvcc) leaves the competitor unavailable with that reason unless ``allow_jit``. Nothing here raises at discovery:
+nvcc) leaves the competitor unavailable with that reason unless ``allow_jit`` (or DSV4_BENCH_ALLOW_SGLANG_JIT=1;
+=small: all but moe_wna16_marlin). Nothing here raises at discovery:
 each competitor's ``reason`` says why it cannot run.
 
 Use: ``for c in moe_competitors(): if c.available: p = c.prepare(weights); out = p.run(x, topk_weights, topk_ids)``
@@ -48,7 +49,9 @@ MARLIN = "sglang marlin mxfp4 (Mxfp4MarlinMoEMethod.apply -> fused_marlin_moe, W
 FLASHINFER_SM120 = "sglang flashinfer_mxfp4 sm120 (FlashInfer CUTLASS MXFP8 x MXFP4, W4A8)"
 FLASHINFER_SM90 = "sglang flashinfer_mxfp4 sm90 (FlashInfer CUTLASS W4A16)"
 SHORT = {MARLIN: "marlin", FLASHINFER_SM120: "flashinfer_sm120", FLASHINFER_SM90: "flashinfer_sm90"}
-ALLOW_JIT_ENV = "DSV4_BENCH_ALLOW_SGLANG_JIT"   # "1": let SGLang / FlashInfer compile a missing JIT module
+ALLOW_JIT_ENV = "DSV4_BENCH_ALLOW_SGLANG_JIT"   # "1": let SGLang / FlashInfer compile a missing JIT module;
+#                                                "small": SGLang's small ones only (not moe_wna16_marlin's ~5 min)
+HEAVY_JIT = ("_jit_moe_wna16_marlin_module",)
 
 # SGLang's tvm-ffi JIT modules on the Marlin path: (module, builder, builder args as a thunk, what needs it)
 MARLIN_JIT = (
@@ -181,8 +184,12 @@ def _gpu_text(cap) -> str:
     return f"this GPU is sm_{cap[0]}{cap[1]}" if cap[0] else "no CUDA GPU here"
 
 
-def _allow_jit(allow_jit: Optional[bool]) -> bool:
-    return bool(allow_jit) if allow_jit is not None else os.environ.get(ALLOW_JIT_ENV, "") == "1"
+def _allow_jit(allow_jit) -> str:
+    """"all", "small" (SGLang's JIT modules other than HEAVY_JIT) or "" from the argument (True / False / "small")
+    or, for None, from DSV4_BENCH_ALLOW_SGLANG_JIT ("1" / "small")."""
+    if allow_jit is None:
+        allow_jit = {"1": True, "small": "small"}.get(os.environ.get(ALLOW_JIT_ENV, ""), False)
+    return "small" if allow_jit == "small" else "all" if allow_jit else ""
 
 
 # ----------------------------------------------------------------------------- SGLang's JIT modules
@@ -230,16 +237,21 @@ def probe_jit(entries=MARLIN_JIT) -> Dict[str, Tuple[str, str]]:
     return out
 
 
-def jit_verdict(status: Dict[str, Tuple[str, str]], allow_jit: bool) -> Tuple[str, List[str]]:
-    """(reason the Marlin path cannot run, "" if it can; notes) from probe_jit's answer."""
+def jit_verdict(status: Dict[str, Tuple[str, str]], allow_jit) -> Tuple[str, List[str]]:
+    """(reason the Marlin path cannot run, "" if it can; notes) from probe_jit's answer; ``allow_jit``: "all",
+    "small" (compiling all but HEAVY_JIT) or "" (nothing; bools accepted)."""
+    allow = allow_jit if allow_jit in ("all", "small", "") else ("all" if allow_jit else "")
     failed = {b: d for b, (s, d) in status.items() if s == "failed"}
     compile_ = [b for b, (s, _) in status.items() if s == "would compile"]
+    refused = [b for b in compile_ if not allow or (allow == "small" and b in HEAVY_JIT)]
     if failed:
         return "SGLang's JIT modules do not load: " + "; ".join(f"{b}: {d}" for b, d in failed.items()), []
-    if compile_ and not allow_jit:
-        return (f"SGLang would JIT-compile {', '.join(compile_)} first (not in {jit_cache_dir()}; ~5 min of nvcc for "
-                f"moe_wna16_marlin): prebuild them (tools/e2e/prebuild_jit.py; run_e2e.py prepare installs them) or "
-                f"allow compiling ({ALLOW_JIT_ENV}=1 / --allow-jit)"), []
+    if refused:
+        heavy = any(b in HEAVY_JIT for b in refused)
+        return (f"SGLang would JIT-compile {', '.join(refused)} first (not in {jit_cache_dir()}; "
+                + ("~5 min of nvcc for moe_wna16_marlin" if heavy else "tens of seconds of nvcc")
+                + f"): prebuild them (tools/e2e/prebuild_jit.py; run_e2e.py prepare installs them) or allow "
+                  f"compiling ({ALLOW_JIT_ENV}=1, or =small for all but moe_wna16_marlin; --allow-jit)"), []
     notes = [f"compiles on first use: {', '.join(compile_)}"] if compile_ else []
     notes += [f"{b} absent from this SGLang ({d})" for b, (s, d) in status.items() if s == "absent"]
     return "", notes
@@ -326,7 +338,7 @@ def _marlin_bind(state, x, topk_weights, topk_ids):
     return call
 
 
-def _marlin(allow_jit: bool) -> MoeCompetitor:
+def _marlin(allow_jit: str) -> MoeCompetitor:
     c = MoeCompetitor(MARLIN, "sglang.srt.layers.quantization.mxfp4_marlin_moe")
     cap = _capability()
     if cap[0] not in (9, 12):
@@ -408,7 +420,7 @@ def _flashinfer_bind(state, x, topk_weights, topk_ids):
     return call
 
 
-def _flashinfer(name: str, major: int, allow_jit: bool) -> MoeCompetitor:
+def _flashinfer(name: str, major: int, allow_jit: str) -> MoeCompetitor:
     c = MoeCompetitor(name, "sglang.srt.layers.quantization.mxfp4_flashinfer_cutlass_moe + flashinfer.fused_moe")
     cap = _capability()
     arch = "sm_120" if major == 12 else "sm_90"
@@ -428,7 +440,7 @@ def _flashinfer(name: str, major: int, allow_jit: bool) -> MoeCompetitor:
         built = getattr(importlib.import_module("flashinfer.jit.fused_moe"), spec_fn)(False).is_compiled
     except Exception as e:  # noqa: BLE001
         built, c.notes = False, [f"cannot tell whether {spec_fn} is built ({_why(e)})"]
-    if not built and not allow_jit:
+    if not built and allow_jit != "all":
         c.reason = (f"FlashInfer would JIT-compile {spec_fn} first (many minutes of nvcc); allow it with "
                     f"{ALLOW_JIT_ENV}=1 / --allow-jit")
         return c
@@ -437,11 +449,12 @@ def _flashinfer(name: str, major: int, allow_jit: bool) -> MoeCompetitor:
 
 
 # ----------------------------------------------------------------------------- discovery
-def moe_competitors(allow_jit: Optional[bool] = None, include: Tuple[str, ...] = ("marlin", "flashinfer_sm120",
+def moe_competitors(allow_jit=None, include: Tuple[str, ...] = ("marlin", "flashinfer_sm120",
                                                                                   "flashinfer_sm90")
                     ) -> List[MoeCompetitor]:
     """SGLang's MXFP4 MoE runners for this process and GPU (``include``: their short names), runnable or not
-    (``reason``); never raises for a competitor's failure. ``allow_jit`` None reads DSV4_BENCH_ALLOW_SGLANG_JIT."""
+    (``reason``); never raises for a competitor's failure. ``allow_jit``: True / False / "small" (SGLang's JIT
+    modules but moe_wna16_marlin); None reads DSV4_BENCH_ALLOW_SGLANG_JIT."""
     allow = _allow_jit(allow_jit)
     bad = [n for n in include if n not in SHORT.values()]
     if bad:
@@ -480,7 +493,7 @@ def user_bench_competitors(allow_jit: bool = False, include: Tuple[str, ...] = (
     of the user bench. Its ``prepare(inputs)`` prepares SGLang's weights once per weight set (the bench's sets share
     one; a new one replaces it) and returns the bound call."""
     out = []
-    for c in moe_competitors(allow_jit=allow_jit, include=include):
+    for c in moe_competitors(allow_jit=allow_jit or None, include=include):
         e = UserBenchEntry("fp4_moe", c.name, c.origin, "sglang", reason=c.reason)
         if c.available:
             e.prepare = _user_bench_prepare(c)
