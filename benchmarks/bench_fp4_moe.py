@@ -18,9 +18,15 @@ Floors (measured on this GPU in this run):
       bandwidth (read+write of a 1 GiB device copy) -> "% of floor" = floor / ours (decode);
   FLOP floor = 6 * slots * hidden * I / dense bf16 mma rate (torch.mm 8192^3) -> "% FLOP floor".
 
+Against SGLang's MoE runners (fp4_moe_vs_sglang.py: Marlin MXFP4 and FlashInfer's flashinfer_mxfp4 paths, through
+SGLang's own weight preparation and call, where SGLang is importable): TP shards 1 / 2 / 4 at 1-256 tokens, rotated
+routing, checked against the float64 reference first; columns: µs, % of the weight floor, competitor / ours.
+
 usage: python benchmarks/bench_fp4_moe.py --out DIR [--quick] [--sweep] [--sweep-budget S]
                                         [--impls dequant,dot_scaled,mxfp8,cuda_decode]
                                         [--tokens 1,8,32] [--profile] [--no-baselines]
+                                        [--vs marlin,flashinfer_sm120,flashinfer_sm90] [--vs-tp 1,2,4]
+                                        [--vs-tokens 1,2,...,256] [--vs-impls default] [--vs-only] [--allow-jit]
 """
 import argparse
 import json
@@ -36,6 +42,7 @@ import torch  # noqa: E402
 from deepseek_v4_kernel.ops import fp4_moe as op  # noqa: E402
 from deepseek_v4_kernel.reference.fp4_moe import E2M1_VALUES, fp4_moe_reference  # noqa: E402
 from bench_common import bf16_flops, copy_bw, kernel_times, timeit, timeit_graph  # noqa: E402  (this directory is sys.path[0])
+import fp4_moe_vs_sglang as vs  # noqa: E402
 
 E, TOPK, H, I = 256, 6, 4096, 2048
 TOKENS = [1, 8, 32, 128, 1024, 8192]
@@ -107,7 +114,8 @@ def torch_dequant_gemm(x, w13, s13, w2, s2, tw, ids, lim, rsf, chunk=32):
 
 
 # ----------------------------------------------------------------------------- setup
-def make_weights(seed=0):
+def make_weights(seed=0, inter=None):
+    I = inter or globals()["I"]  # noqa: N806  (the TP shard's intermediate size; the module's I by default)
     g = torch.Generator(device="cuda").manual_seed(seed)
     w13 = torch.randint(0, 256, (E, 2 * I, H // 2), device="cuda", generator=g, dtype=torch.uint8)
     w2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", generator=g, dtype=torch.uint8)
@@ -179,6 +187,7 @@ def main():
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: the table's)")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--profile", action="store_true", help="per-kernel times of each impl at <= 32 tokens")
+    vs.add_args(ap)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     impls = args.impls.split(",")
@@ -187,18 +196,22 @@ def main():
     bw = copy_bw()
     fl = bf16_flops()
     print(f"device {dev}; copy bandwidth {bw / 1e12:.2f} TB/s (read+write); bf16 mm {fl / 1e12:.0f} TFLOP/s")
-    w = make_weights()
+    w = None if args.vs_only else make_weights()
     result = {"device": dev, "copy_bw_Bps": bw, "bf16_flops": fl, "E": E, "topk": TOPK, "hidden": H,
               "I": I, "rows": [], "sweep": [], "check": {}}
-    try:
-        result["check"] = check_small(w, impls)
-        print("spot check max|err|/max|ref| at 8 tokens:", {k: f"{v:.2e}" for k, v in result["check"].items()})
-    except Exception as e:  # noqa: BLE001
-        print("spot check failed:", repr(e)[:300])
-        result["check"] = {"error": repr(e)[:300]}
+    if not args.vs_only:
+        try:
+            result["check"] = check_small(w, impls)
+            print("spot check max|err|/max|ref| at 8 tokens:", {k: f"{v:.2e}" for k, v in result["check"].items()})
+        except Exception as e:  # noqa: BLE001
+            print("spot check failed:", repr(e)[:300])
+            result["check"] = {"error": repr(e)[:300]}
 
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else [1, 32, 8192] if args.quick else TOKENS
-    w_f32 = (w[0], torch.exp2(w[1].float() - 127), w[2], torch.exp2(w[3].float() - 127))  # SGLang's scale form
+    if args.vs_only:
+        tokens = []
+    else:
+        w_f32 = (w[0], torch.exp2(w[1].float() - 127), w[2], torch.exp2(w[3].float() - 127))  # SGLang's scale form
     for M in tokens:
         x, tw, ids = make_routing(M, seed=M)
         U = int(torch.unique(ids).numel())
@@ -258,7 +271,17 @@ def main():
                           if not k.endswith("_config")}))
         json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)
 
+    if args.vs.strip() or args.vs_only:   # its own weights per TP shard: ours go first (GiBs)
+        w = w_f32 = None
+        torch.cuda.empty_cache()
+        def save(res):
+            result["vs_sglang"] = res
+            json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)
+        result["vs_sglang"] = vs.run(args, sys.modules[__name__], bw, on_row=save)
+        json.dump(result, open(os.path.join(args.out, "bench_fp4_moe.json"), "w"), indent=1)
+
     if args.sweep:
+        w = w if w is not None else make_weights()
         sweep_t0 = time.time()
         plan = []  # most informative first (the budget may cut the tail)
         if args.sweep_set == "exact":
@@ -319,7 +342,10 @@ def main():
                      + f" | {f('torch_dequant_gemm_us')} | {f('python_loop_us')}"
                      + f" | {f('speedup_vs_torch_dequant_gemm', '{:.1f}x')} | {f('speedup_vs_python_loop', '{:.1f}x')}"
                      + f" | {f('pct_weight_floor', '{:.0f}%')} | {f('pct_flop_floor', '{:.1f}%')} |")
-    table = "\n".join(lines)
+    table = "\n".join(lines) if result["rows"] else ""
+    if "vs_sglang" in result:
+        summary = vs.ratio_summary(result["vs_sglang"])
+        table += ("\n\n" if table else "") + vs.table(result["vs_sglang"]) + (f"\n{summary}" if summary else "")
     print(table)
     open(os.path.join(args.out, "table.md"), "w").write(
         f"{dev}; copy {bw / 1e12:.2f} TB/s; bf16 {fl / 1e12:.0f} TFLOP/s\n\n{table}\n")
@@ -331,7 +357,11 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(7, 4))
+        n_ax = 2 if result.get("vs_sglang", {}).get("rows") else 1
+        fig, axes = plt.subplots(1, n_ax, figsize=(7 * n_ax, 4), squeeze=False)
+        ax = axes[0][0]
+        if n_ax == 2:
+            vs.plot(axes[0][1], result["vs_sglang"], dev)
         toks = [r["tokens"] for r in result["rows"]]
         for k in [f"{i}_us" for i in impls] + ["torch_dequant_gemm_us", "python_loop_us"]:
             ys = [r.get(k) for r in result["rows"]]

@@ -96,6 +96,10 @@ def run_op(op: str, opt: Options, pools: inputs.Pools, log: Callable[[str], None
            sglang_version: Optional[str]) -> dict:
     t0 = time.time()
     found = comp.discover(op, mma_sync=opt.mma_sync, source_versions=opt.source_versions, allow_jit=opt.allow_jit)
+    if op == "fp4_moe":   # SGLang's Marlin MXFP4 runner, through SGLang's own weight preparation and call
+        from .moe_competitors import user_bench_competitors
+
+        found = found + user_bench_competitors(allow_jit=opt.allow_jit)
     default, default_why = comp.sglang_default(op, [c.name for c in found], sglang_version)
     for c in found:
         state = "runs" if c.runnable else (f"same kernel as {c.same_as}" if c.same_as else f"not timed: {c.reason}")

@@ -4,7 +4,9 @@ first MoE call, so that the GPU machine loads it instead of compiling it (~5 min
     python3.12 tools/e2e/prebuild_jit.py            # -> .e2e/jit/<cache dir>/<module>.so (git-ignored, carried)
 
 What it builds: SGLang's Marlin MoE module (``_jit_moe_wna16_marlin_module(bf16, is_ep=False, has_bias=False)``,
-the arguments of moe_wna16_marlin.py at TP without EP) for sm_90a (the test GPU), through SGLang's own ``load_jit``
+the arguments of moe_wna16_marlin.py at TP without EP) and the other JIT modules of the Marlin MXFP4 path
+(``gptq_marlin_repack``, ``moe_align_single_token``, ``moe_topk_sum``: the list of
+deepseek_v4_kernel/bench/moe_competitors.py's MARLIN_JIT) for sm_90a (the test GPU), through SGLang's own ``load_jit``
 under ``override_jit_cuda_arch(9, 0)``. SGLang names the cache directory by the sources' content, the target and the
 tvm-ffi version, and loads a ``.so`` found there without compiling (kernels/jit/utils/compile.py), so the module
 built here is the one the server would build. ``run_e2e.py --stages fetch`` copies .e2e/jit to the GPU machine and
@@ -59,8 +61,16 @@ BUILD = textwrap.dedent('''
     import torch
     from sglang.kernels.jit.utils.arch import override_jit_cuda_arch
     from sglang.kernels.ops.moe.moe_wna16_marlin import _jit_moe_wna16_marlin_module
+    from sglang.kernels.ops.quantization.gptq_marlin_repack import _jit_gptq_marlin_repack_module
+    from sglang.kernels.ops.moe.moe_align_single_token import _jit_align_single_token_module
+    from sglang.kernels.ops.moe.moe_topk_sum import _jit_topk_sum_module
     with override_jit_cuda_arch(9, 0):
         _jit_moe_wna16_marlin_module(torch.bfloat16, False, False)
+        # the rest of the Marlin MXFP4 path (each seconds of nvcc, but on the GPU machine): the weight repack of
+        # process_weights_after_loading, the one-token routing sort, the top-k sum (PDL: sm_90 has it)
+        _jit_gptq_marlin_repack_module()
+        _jit_align_single_token_module()
+        _jit_topk_sum_module()
 ''')
 
 
