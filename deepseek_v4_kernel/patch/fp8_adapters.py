@@ -57,7 +57,7 @@ def _op():
 
 
 def _unsupported(msg: str):
-    raise UnsupportedCase(f"{OP}: {msg}")
+    raise UnsupportedCase(msg if msg.startswith(OP) else f"{OP}: {msg}")   # (the op's own reasons name it)
 
 
 # ----------------------------------------------------------------------------- Fp8LinearMethod.apply
@@ -134,7 +134,7 @@ def _stand_in_scale(device) -> torch.Tensor:
 
 
 def _is_stand_in(s) -> bool:
-    return (isinstance(s, torch.Tensor) and s.dtype == torch.float32 and all(st == 0 for st in s.stride())
+    return (isinstance(s, torch.Tensor) and s.dtype == torch.float32 and all(st == 0 for st, n in zip(s.stride(), s.shape) if n > 1)
             and s.data_ptr() == _stand_in_scale(s.device).data_ptr())
 
 
@@ -255,7 +255,7 @@ def _serve_wo_a(a, weight, weight_scale, out, sglang_gemm, not_ours: Optional[st
         ok, why = op.fp8_linear_supported(x.shape[0], weight.shape[1], weight.shape[2], (BLOCK, BLOCK),
                                           weight_scale.dtype)
         if not ok:
-            _unsupported(f"wo_a: {why}")
+            _unsupported(why)
         return op.fp8_grouped_linear(x, weight, weight_scale, out=out)
     except UnsupportedCase as e:
         e.redo = fallback
