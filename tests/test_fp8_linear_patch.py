@@ -320,3 +320,150 @@ def test_wo_a_bf16_fallback_is_sglangs_einsum_on_the_dequantized_weight():
     assert got is out and torch.allclose(got.float(), expect.float(), rtol=2e-2, atol=1e-2)
     with pytest.raises(UnsupportedCase, match="no fallback"):
         fp8_adapters.wo_a_bf16_einsum(x, w, s.to(torch.int32), None)
+
+
+# ----------------------------------------------------------------------------- against the real wheels
+# The real Fp8LinearMethod.apply of each tested wheel, patched by the hook, driven with a DeepSeek-V4-shaped block-FP8
+# layer as SGLang's loader leaves it; its original (above the crossover) calls self.w8a8_block_fp8_linear, recorded.
+FP8_APPLY = """
+import types, torch
+import sglang.srt.layers.quantization.fp8 as fp8
+from deepseek_v4_kernel.ops import fp8_linear as op
+torch.manual_seed(0)
+N, K = 512, 384
+w = (torch.randn(N, K) * 2).to(torch.float8_e4m3fn)
+s = torch.exp2(torch.randint(-9, -5, (N // 128, K // 128)).float())
+layer = types.SimpleNamespace(weight=w, weight_scale_inv=s)
+seen = []
+def backend(**kw):
+    seen.append(sorted(kw))
+    return torch.zeros(kw["input"].shape[0], N, dtype=torch.bfloat16)
+me = types.SimpleNamespace(use_marlin=False, use_mxfp8=False, block_quant=True, block_fp8_as_mxfp8=False,
+                           quant_config=types.SimpleNamespace(weight_block_size=[128, 128]),
+                           w8a8_block_fp8_linear=backend)
+if hasattr(fp8.Fp8LinearMethod, "validate_block_quant_shapes") and "self.weight_block_size" in __import__(
+        "inspect").getsource(fp8.Fp8LinearMethod.apply):
+    me.weight_block_size = [128, 128]   # 0.5.16+ (0.5.12-0.5.15 read the quant config's)
+x = torch.randn(3, K).bfloat16()
+y = fp8.Fp8LinearMethod.apply(me, layer, x, None)
+ref = x.double() @ op.dequant(w, s).t()
+print("ERR=%g" % ((y.double() - ref).abs().max() / ref.abs().max()).item())
+big = fp8.Fp8LinearMethod.apply(me, layer, torch.randn(100, K).bfloat16())
+print("SEEN=%r" % seen)
+"""
+
+
+@pytest.mark.parametrize("version", targets.TESTED)
+def test_real_fp8_linear_method_apply_runs_ours_and_hands_back_above_the_crossover(version):
+    code = real_module_prelude("sglang.srt.layers.quantization.fp8") + fp8_linear_fake.CHILD_PRELUDE + FP8_APPLY \
+        + REPORT_JSON
+    r = run_child(code, path=[sglang_dir(version)], env=FORCE)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = {x["target"]: x for x in parse_report(r.stdout)}["sglang.srt.layers.quantization.fp8.Fp8LinearMethod.apply"]
+    assert row["status"] == "patched" and row["kept"] == 1 and row["handbacks"] == 0, row
+    assert float(re.search(r"ERR=(\S+)", r.stdout).group(1)) < 1e-2
+    # SGLang's own method ran the 100-row call: its backend got the bf16 input and SGLang's parameters
+    assert "SEEN=[['bias', 'block_size', 'input', 'input_scale', 'weight', 'weight_scale']]" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("version", targets.SURVEYED)
+def test_wo_a_flag_condition_per_version(version, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    for has_deep_gemm in (True, False):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (object() if has_deep_gemm else None)
+                            if name == "deep_gemm" else real(name, *a))
+        ok, why = targets.fp8_wo_a_path_takes_ours(version)
+        v = policy.parse_version(version)
+        if v < policy.parse_version("0.5.16"):
+            assert not ok and "UE8M0" in why
+        elif v < policy.parse_version("0.5.23"):
+            assert ok == has_deep_gemm and (ok or "import deep_gemm" in why), why
+        else:
+            assert ok, why   # 0.5.23 calls its own wrapper (ours): no deep_gemm import on our path
+
+
+def _real_modules_report(version, modules, env, extra_path=(), also_real=()):
+    names = list(modules) + list(also_real)
+    code = real_module_prelude(names[0], *names[1:], "sglang.srt.environ") + fp8_linear_fake.CHILD_PRELUDE + \
+        "import os\n" + "".join(f"import {m}\n" for m in modules) + \
+        f"print('FLAG=%r' % os.environ.get({FLAG!r}))\n" + REPORT_JSON
+    r = run_child(code, path=[sglang_dir(version), *extra_path], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {x["target"]: x for x in parse_report(r.stdout)}, re.search(r"FLAG=(.*)", r.stdout).group(1)
+
+
+def test_wo_a_flag_set_again_in_sglang_0_5_17_workers_and_left_where_the_user_set_it(tmp_path):
+    """0.5.17's launcher sets the flag False on SM120 (server_args.py:5310) after this layer set it; its spawned
+    workers inherit False and this layer's mark, and set it again before deepseek_v4 reads it. A user's 0 stays."""
+    path = [stand_in_deep_gemm(tmp_path)]
+    mod = ["sglang.srt.layers.quantization.fp8"]
+    rows, flag = _real_modules_report("0.5.17", mod, {**FORCE}, path)
+    assert flag == "'1'" and rows[FLAG]["status"] == "patched", rows[FLAG]
+    rows, flag = _real_modules_report("0.5.17", mod, {**FORCE, FLAG: "False", policy.ENV_SET: FLAG}, path)
+    assert flag == "'1'" and "again" in rows[FLAG]["reason"], rows[FLAG]
+    rows, flag = _real_modules_report("0.5.17", mod, {**FORCE, FLAG: "0"}, path)
+    assert flag == "'0'" and rows[FLAG]["status"] == "left"
+    rows, flag = _real_modules_report("0.5.12", mod, {**FORCE}, path)
+    assert flag == "None" and rows[FLAG]["status"] == "left" and "UE8M0" in rows[FLAG]["reason"], rows[FLAG]
+
+
+QUANT_ROWS = ("sglang_per_token_group_quant_fp8", "sglang_per_token_group_quant_fp8_dsv4_wo_a")
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.20", "0.5.23"])
+def test_wo_a_call_sites_in_the_real_model(version):
+    """In each wheel's deepseek_v4.py the two quantization functions are module globals called once each, in the
+    FP8 wo_a branch, right before the GEMM the rows replace (nothing else between them reads their outputs)."""
+    src = open(os.path.join(sglang_dir(version), "sglang", "srt", "models", "deepseek_v4.py")).read()
+    tree = ast.parse(src)
+    calls = {n: [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == n]
+             for n in QUANT_ROWS}
+    assert all(len(v) == 1 for v in calls.values()), {k: len(v) for k, v in calls.items()}
+    gemm = "_fp8_wo_a_einsum(" if version == "0.5.23" else "deep_gemm.fp8_einsum("
+    lines = src.splitlines()
+    for c in calls.values():
+        after = "\n".join(lines[c[0].lineno - 1:c[0].lineno + 24])
+        assert gemm in after, (version, c[0].lineno)
+        between = after[:after.index(gemm)]
+        assert set(re.findall(r"\bo_(?:fp8|s)\.(\w+)", between)) <= {"view"}, between
+
+
+@pytest.mark.parametrize("version, flag", [("0.5.17", "1"), ("0.5.23", "1"), ("0.5.23", "0")])
+def test_wo_a_rows_patch_the_real_model_module(version, flag, tmp_path):
+    mods = ["sglang.srt.models.deepseek_v4"]
+    rows, _ = _real_modules_report(version, mods, {**FORCE, FLAG: flag}, [stand_in_deep_gemm(tmp_path)])
+    names = QUANT_ROWS + (("_fp8_wo_a_einsum",) if version == "0.5.23" else ())
+    for n in names:
+        row = rows[f"sglang.srt.models.deepseek_v4.{n}"]
+        assert row["status"] == ("patched" if flag == "1" else "left"), row
+    if version == "0.5.17":
+        assert rows["deep_gemm.fp8_einsum"]["status"] in ("pending", "skipped")   # the stand-in has no fp8_einsum
+
+
+def test_wo_a_flag_readers_are_the_ones_surveyed():
+    """Every reader of SGLANG_OPT_FP8_WO_A_GEMM in the tested wheels is one docs/sglang_surface.md names: the
+    launcher's argument handling (which only turns it off) and the DeepSeek-V4 model (its wo_a); turning it on in
+    the workers reaches no other code, and in particular none of the decisions tools/e2e/sm120_points.py lists
+    besides server_args.py's SM120 branch (launcher only)."""
+    allowed = {"srt/environ.py", "srt/server_args.py", "srt/models/deepseek_v4.py",
+               "srt/arg_groups/model_hook.py", "srt/arg_groups/serving_hook.py", "srt/arg_groups/expert_pack_hook.py",
+               "srt/models/deepseek_common/amd/deepseek_v4_wo_a_fp8.py"}
+    for version in targets.TESTED:
+        base = os.path.join(sglang_dir(version), "sglang")
+        readers = set()
+        for dirpath, _, files in os.walk(base):
+            for f in files:
+                if f.endswith(".py") and FLAG in open(os.path.join(dirpath, f), errors="replace").read():
+                    readers.add(os.path.relpath(os.path.join(dirpath, f), base))
+        assert readers <= allowed and "srt/models/deepseek_v4.py" in readers, (version, sorted(readers - allowed))
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "e2e"))
+    try:
+        import sm120_points as sp
+    finally:
+        sys.path.pop(0)
+    flagged = [p for p in sp.POINTS if "FP8_WO_A" in p.decides or "FP8 wo_a" in p.decides]
+    assert {p.file for p in flagged} == {"srt/server_args.py"}, flagged

@@ -61,13 +61,21 @@ def _unsupported(msg: str):
 
 
 # ----------------------------------------------------------------------------- Fp8LinearMethod.apply
+def _block_size(self):
+    """The block size the version's apply passes: ``self.weight_block_size`` (0.5.16+), else the quant config's
+    (0.5.12-0.5.15 pass ``self.quant_config.weight_block_size``)."""
+    if hasattr(self, "weight_block_size"):
+        return self.weight_block_size
+    return getattr(getattr(self, "quant_config", None), "weight_block_size", None)
+
+
 def _check_block_fp8_method(self, layer) -> None:
     """The layer is a 2-D block-FP8 weight that SGLang runs through ``self.w8a8_block_fp8_linear``."""
     if getattr(self, "use_marlin", False):
         _unsupported("Fp8LinearMethod.apply: Marlin weight-only FP8 layer")
     if getattr(self, "use_mxfp8", False):
         _unsupported("Fp8LinearMethod.apply: MXFP8 checkpoint layer")
-    if not getattr(self, "block_quant", False) or not getattr(self, "weight_block_size", None):
+    if not getattr(self, "block_quant", False) or not _block_size(self):
         _unsupported("Fp8LinearMethod.apply: per-tensor / per-channel FP8 layer, not block-scaled")
     # 0.5.23: a 32-wide-K UE8M0 layer SGLang serves through its MXFP8 dense GEMM (FlashInfer)
     if getattr(self, "block_fp8_as_mxfp8", False) and getattr(layer, "block_fp8_mxfp8_ready", False):
@@ -105,7 +113,7 @@ def fp8_linear_method_apply(self, layer, x, bias=None):
         raise KeepOriginal(f"{OP}: more than {FP8_LINEAR_MAX_M} rows (above the crossover): SGLang's block-FP8 GEMM "
                            f"runs")
     measured.check(OP, measured.size_class(OP, m))
-    block = tuple(int(b) for b in self.weight_block_size)
+    block = tuple(int(b) for b in _block_size(self))
     op = _op()
     ok, why = op.fp8_linear_supported(m, n, k, block, scale.dtype)
     if not ok:
