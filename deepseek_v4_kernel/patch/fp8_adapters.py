@@ -142,7 +142,8 @@ def _stand_in_scale(device) -> torch.Tensor:
 
 
 def _is_stand_in(s) -> bool:
-    return (isinstance(s, torch.Tensor) and s.dtype == torch.float32 and all(st == 0 for st, n in zip(s.stride(), s.shape) if n > 1)
+    return (isinstance(s, torch.Tensor) and s.dtype == torch.float32
+            and all(st == 0 for st, n in zip(s.stride(), s.shape) if n > 1)
             and s.data_ptr() == _stand_in_scale(s.device).data_ptr())
 
 

@@ -130,7 +130,7 @@ FP8_WO_A_ENV = "SGLANG_OPT_FP8_WO_A_GEMM"
 
 
 def fp8_wo_a_path_takes_ours(version) -> Tuple[bool, str]:
-    """SGLang 0.5.16-0.5.23 (an fp32-scale FP8 wo_a path), with an importable deep_gemm where its forward imports one."""
+    """SGLang 0.5.16-0.5.23 (an fp32-scale FP8 wo_a path), with a deep_gemm to import where its forward imports one."""
     # 0.5.12-0.5.15: the weight scales always go through DeepGEMM's transform_sf_into_required_layout and the GEMM
     # takes recipe (1, 1, 128) (UE8M0, SM100 only): nothing else can serve it (0.5.12 deepseek_v4.py:588-604,
     # 1138-1160). 0.5.16-0.5.22: the forward does `import deep_gemm` before the GEMM (0.5.17 :1321), whose
