@@ -246,3 +246,10 @@ def tilelang_fp8_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_tab
 
 fp8_paged_mqa_logits_torch = fp8_paged_mqa_logits_sglang_fallback
 fp8_paged_mqa_logits_torch_sm120 = fp8_paged_mqa_logits_sglang_fallback
+
+
+# ----------------------------------------------------------------------------- fp8 linears, FP8 wo_a
+# (their own module: the wo_a pieces share the deferred activation quantization; ops.fp8_linear is imported there at
+# call time)
+from .fp8_adapters import (  # noqa: E402,F401
+    deep_gemm_fp8_einsum, fp8_linear_method_apply, fp8_wo_a_einsum, wo_a_quant_fp32_scales, wo_a_quant_ue8m0)

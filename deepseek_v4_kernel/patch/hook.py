@@ -13,7 +13,9 @@
   blindly.
 * A replacement is wrapped so that a case our op does not cover (``UnsupportedCase``,
   a missing extension) goes back to the original function, logged once per case;
-  ``DSV4_KERNEL_STRICT=1`` raises instead.
+  ``DSV4_KERNEL_STRICT=1`` raises instead. An exception carrying ``redo`` (a zero-argument
+  callable) runs that instead of the original with the call's own arguments: SGLang's call
+  rebuilt by an adapter whose op skipped a step SGLang had run before it.
 * Importers that bound the original by ``from module import name`` at import time are
   rebound too (by identity, so aliases are found).
 """
@@ -138,7 +140,7 @@ def make_replacement(target: Target, record: Record, original: Callable, ours: C
             if first_time(str(e), kept=True):
                 log.info("deepseek_v4_kernel: %s: keeping the original %s.%s for this size: %s",
                          target.op, target.module, target.attr, e)
-            return original(*args, **kwargs)
+            return e.redo() if getattr(e, "redo", None) is not None else original(*args, **kwargs)
         except (UnsupportedCase, ExtensionUnavailable) as e:
             if policy.strict():
                 raise
@@ -147,7 +149,9 @@ def make_replacement(target: Target, record: Record, original: Callable, ours: C
                     "deepseek_v4_kernel: %s: handing this call back to the original %s.%s: %s",
                     target.op, target.module, target.attr, e,
                 )
-            return original(*args, **kwargs)
+            # ``redo``: SGLang's call rebuilt by the adapter (a step before it, e.g. the activation quantization our
+            # op skips, was replaced too); counted and logged as any hand-back
+            return e.redo() if getattr(e, "redo", None) is not None else original(*args, **kwargs)
 
     dsv4_replacement.__dsv4_original__ = original
     dsv4_replacement.__dsv4_target__ = target

@@ -35,12 +35,16 @@ OPS = ("sparse_decode", "indexer_logits", "hc_prenorm", "fp4_moe")
 
 # Size classes: the variable the per-call decision reads and the grid points the bench measures. A class covers the
 # values above the previous grid point up to its own; the last class is open-ended (measured at its grid point).
-CLASS_VARIABLE = {"sparse_decode": "b", "indexer_logits": "b", "hc_prenorm": "m", "fp4_moe": "tokens"}
+CLASS_VARIABLE = {"sparse_decode": "b", "indexer_logits": "b", "hc_prenorm": "m", "fp4_moe": "tokens",
+                  "fp8_linear": "m"}
 CLASS_BOUNDS = {
     "sparse_decode": (1, 8, 32, 128),        # decode rows (b * s_q) per call
     "indexer_logits": (1, 8, 32),            # decode rows per call
     "hc_prenorm": (1, 8, 64, 256, 1024, 4096),
     "fp4_moe": (1, 8, 32, 128, 1024),
+    # rows (tokens) per call; not in OPS until the bench times it (a file without it patches no fp8_linear row
+    # under DSV4_KERNEL_PREFER=measured); above the adapters' crossover SGLang's GEMM runs anyway
+    "fp8_linear": (1, 8, 16, 64),
 }
 
 

@@ -126,10 +126,39 @@ def hc_prenorm_gate_cannot_reach_a_missing_deep_gemm(version) -> Tuple[bool, str
                    f"deep_gemm is installed: flag left unset (SGLang's own path runs)")
 
 
+FP8_WO_A_ENV = "SGLANG_OPT_FP8_WO_A_GEMM"
+
+
+def fp8_wo_a_path_takes_ours(version) -> Tuple[bool, str]:
+    """SGLang 0.5.16-0.5.23 (an fp32-scale FP8 wo_a path), with a deep_gemm to import where its forward imports one."""
+    # 0.5.12-0.5.15: the weight scales always go through DeepGEMM's transform_sf_into_required_layout and the GEMM
+    # takes recipe (1, 1, 128) (UE8M0, SM100 only): nothing else can serve it (0.5.12 deepseek_v4.py:588-604,
+    # 1138-1160). 0.5.16-0.5.22: the forward does `import deep_gemm` before the GEMM (0.5.17 :1321), whose
+    # fp8_einsum is then ours (deep_gemm row); 0.5.23 calls its own wrapper, ours (no deep_gemm needed).
+    v = policy.parse_version(version) if version else ()
+    if not v or v < policy.parse_version("0.5.16"):
+        return False, (f"SGLang {version}'s FP8 wo_a path needs DeepGEMM's SM100 UE8M0 scale layout (no fp32-scale "
+                       f"branch): wo_a stays bf16 (dequantized at load)")
+    if v < policy.parse_version("0.5.23") and importlib.util.find_spec("deep_gemm") is None:
+        return False, (f"SGLang {version}'s FP8 wo_a forward does `import deep_gemm` and no deep_gemm is installed: "
+                       f"wo_a stays bf16 (dequantized at load)")
+    return True, "FP8 wo_a on: its grouped GEMM is ours, the weight stays FP8"
+
+
+def fp8_wo_a_gemm_on(module) -> Tuple[bool, str]:
+    """SGLang's FP8 wo_a path is on in this process (SGLANG_OPT_FP8_WO_A_GEMM, read when deepseek_v4 is imported)."""
+    on = getattr(module, "_FP8_WO_A_GEMM", None)
+    if on is not True:
+        return False, f"{FP8_WO_A_ENV} is off here ({module.__name__}._FP8_WO_A_GEMM = {on!r}): wo_a is bf16"
+    return True, f"{FP8_WO_A_ENV} is on"
+
+
 CONDITIONS: Dict[str, Callable[[Any], Tuple[bool, str]]] = {
     "sm120_sparse_decode_not_native": sm120_sparse_decode_not_native,
     "hc_prenorm_gate_cannot_reach_a_missing_deep_gemm": hc_prenorm_gate_cannot_reach_a_missing_deep_gemm,
     "sm120_sparse_decode_is_ours": sm120_sparse_decode_is_ours,
+    "fp8_wo_a_path_takes_ours": fp8_wo_a_path_takes_ours,
+    "fp8_wo_a_gemm_on": fp8_wo_a_gemm_on,
 }
 
 # ----------------------------------------------------------------------------- the table
@@ -278,6 +307,59 @@ TARGETS: Tuple[Target, ...] = (
         replacement="deepseek_v4_kernel.patch.adapters:mhc_pre",
         first="0.5.21", last="0.5.23", params=("residual", "fn"),
         note="SGLang's own mhc_pre runs, told its rows (SGLang asks the gate without them)",
+    ),
+    # --- fp8_linear (docs/sglang_surface.md, "Block-FP8 linears") ------------------------------------------------
+    # Every DeepSeek-V4 dense FP8 linear calls quant_method.apply(self, x, bias) (layers/linear.py); Fp8LinearMethod
+    # then runs self.w8a8_block_fp8_linear, which --fp8-gemm-backend chose (SM120: auto -> cutlass, or triton,
+    # deep_gemm, flashinfer_cutlass) and which quantizes x itself. Ours takes x in bf16 at decode sizes and hands
+    # the rest back (patch/fp8_adapters.py).
+    Target(
+        op="fp8_linear", module="sglang.srt.layers.quantization.fp8", attr="Fp8LinearMethod.apply",
+        replacement="deepseek_v4_kernel.patch.adapters:fp8_linear_method_apply",
+        first="0.5.12", params=("self", "layer", "x", "bias"),
+        callers=("sglang.srt.layers.linear",),
+        note="LinearBase.forward calls self.quant_method.apply(self, x, bias) per forward",
+    ),
+    # FP8 wo_a: SGLang turns SGLANG_OPT_FP8_WO_A_GEMM off on SM120 in the launching process (0.5.16-0.5.20
+    # unconditionally: 0.5.17 server_args.py:5310, 0.5.20 model_hook.py:387; 0.5.21-0.5.23 unless set:
+    # 0.5.23 model_hook.py:485, then serving_hook.py:475-493 turns even a set value off without DeepGEMM's SM120
+    # kernels) and dequantizes wo_a to bf16 at load. The workers read it when deepseek_v4 is imported (0.5.17
+    # deepseek_v4.py:202): reassert sets it again there, before that import.
+    Target(
+        op="fp8_linear", module="", attr=FP8_WO_A_ENV, kind="env", value="1",
+        first="0.5.12", last="0.5.23", when="fp8_wo_a_path_takes_ours", reassert=True,
+        note="read at import by deepseek_v4.py (_FP8_WO_A_GEMM) and at load (no dequant of wo_a)",
+    ),
+    # its activation quantization (deepseek_v4's module globals, called only for wo_a): deferred, so ours gets bf16
+    Target(
+        op="fp8_linear", module="sglang.srt.models.deepseek_v4", attr="sglang_per_token_group_quant_fp8",
+        replacement="deepseek_v4_kernel.patch.adapters:wo_a_quant_fp32_scales",
+        first="0.5.16", last="0.5.23", params=("x", "group_size", "scale_ue8m0"), when="fp8_wo_a_gemm_on",
+        callers=("sglang.srt.models.deepseek_v4",),
+        note="the wo_a forward's fp32-scale branch (no DeepGEMM SM120 build): recipe (1, 128, 128)",
+    ),
+    Target(
+        op="fp8_linear", module="sglang.srt.models.deepseek_v4", attr="sglang_per_token_group_quant_fp8_dsv4_wo_a",
+        replacement="deepseek_v4_kernel.patch.adapters:wo_a_quant_ue8m0",
+        first="0.5.16", last="0.5.23", params=("x",), when="fp8_wo_a_gemm_on",
+        callers=("sglang.srt.models.deepseek_v4",),
+        note="the wo_a forward's UE8M0 branch (DEEPGEMM_SCALE_UE8M0: DeepGEMM's SM100 / SM120 builds)",
+    ),
+    # its grouped GEMM: deep_gemm.fp8_einsum, called after `import deep_gemm` in the forward (0.5.16-0.5.22) ...
+    Target(
+        op="fp8_linear", module="deep_gemm", attr="fp8_einsum",
+        replacement="deepseek_v4_kernel.patch.adapters:deep_gemm_fp8_einsum",
+        first="0.5.16", last="0.5.22", params=("recipe",),
+        callers=("sglang.srt.models.deepseek_v4",),
+        note="fp8_einsum('bhr,hdr->bhd', (o_fp8, o_s), (wo_a, scale), out, recipe=...); other calls are DeepGEMM's",
+    ),
+    # ... and through SGLang's own wrapper (0.5.23), a module global looked up at call time
+    Target(
+        op="fp8_linear", module="sglang.srt.models.deepseek_v4", attr="_fp8_wo_a_einsum",
+        replacement="deepseek_v4_kernel.patch.adapters:fp8_wo_a_einsum",
+        first="0.5.23", last="0.5.23", params=("o_fp8", "o_s", "weight", "weight_scale", "recipe", "out"),
+        when="fp8_wo_a_gemm_on", callers=("sglang.srt.models.deepseek_v4",),
+        note="_fp8_wo_a_einsum(o_fp8, o_s, weight, weight_scale, recipe=...)",
     ),
 )
 
