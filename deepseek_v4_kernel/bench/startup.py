@@ -175,7 +175,8 @@ def _transient(c) -> bool:
 
 
 def measure_cases(cases: Dict[str, Dict[str, List[grid.Case]]], budget: float, say: Callable[[str], None],
-                  sglang_version: Optional[str] = None, competitor_filter=None) -> Dict[str, dict]:
+                  sglang_version: Optional[str] = None, competitor_filter=None, device=None,
+                  l2: Optional[int] = None) -> Dict[str, dict]:
     """Time each op's classes (see the module docstring) -> {op: {"classes": {label: decision}, "sglang_default",
     "competitors", "undecided": {label: why}}}; a decision is runner.classes_of's verdict plus each competitor's
     status per case (a wrong one reported)."""
@@ -186,7 +187,8 @@ def measure_cases(cases: Dict[str, Dict[str, List[grid.Case]]], budget: float, s
     from .timing import l2_bytes
 
     t0 = time.monotonic()
-    pools = inputs.Pools(torch.device("cuda", torch.cuda.current_device()), l2_bytes())
+    device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+    pools = inputs.Pools(device, l2 if l2 is not None else l2_bytes())
     results: Dict[str, dict] = {}
     ops = [op for op in cases if cases[op]]
     for i, op in enumerate(ops):
@@ -258,7 +260,8 @@ def measure_cases(cases: Dict[str, Dict[str, List[grid.Case]]], budget: float, s
             say(f"{op} {label}: undecided ({why}): the built-in rules decide")
         results[op] = rec
     del pools
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()   # SGLang sizes its KV cache from the free memory next
     return results
 
 
