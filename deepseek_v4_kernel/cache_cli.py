@@ -13,6 +13,7 @@ the measured-dispatch cache (patch/decisions.py).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import List, Optional
 
@@ -38,6 +39,29 @@ def show(paths: Optional[List[str]] = None) -> List[dict]:
 
     return [{"path": p, "key": (d or {}).get("key"), "error": why, "decisions": rows_of(p, d) if d else []}
             for p, d, why in decisions.entries(paths)]
+
+
+_WORKER_LINE = re.compile(r"\[deepseek_v4_kernel\] pid (\d+) GPU (\d+): measured dispatch, TP (\d+): (.*) \(([\d.]+) s\)")
+_MOE_LINE = re.compile(r"\[deepseek_v4_kernel\] MoE runner for DeepSeek-V4's MXFP4 experts: (.*?) - (.*)")
+
+
+def from_log(text: str) -> dict:
+    """What a server's log says measured dispatch did (for the end-to-end harness): per worker line {pid, gpu, tp,
+    read, measured, path, seconds, notes}, and the launcher's MoE runner choice {runner, why, seconds}."""
+    workers = []
+    for m in _WORKER_LINE.finditer(text):
+        body = m.group(4)
+        read = re.search(r"(\d+) decisions read from ([^\s,;]+)", body)
+        meas = re.search(r"(\d+) measured here and written to ([^\s,;]+)", body)
+        workers.append({"pid": int(m.group(1)), "gpu": int(m.group(2)), "tp": int(m.group(3)),
+                        "read": int(read.group(1)) if read else 0, "measured": int(meas.group(1)) if meas else 0,
+                        "path": (read or meas).group(2) if (read or meas) else None, "seconds": float(m.group(5))})
+    moe = []
+    for m in _MOE_LINE.finditer(text):
+        secs = re.search(r"measured at this first start \(([\d.]+) s\)", m.group(2))
+        moe.append({"runner": "ours" if m.group(1).startswith("ours") else "sglang", "why": m.group(2),
+                    "seconds": float(secs.group(1)) if secs else 0.0})
+    return {"workers": workers, "moe_runner": moe}
 
 
 def _measure(argv: List[str]) -> int:

@@ -233,6 +233,8 @@ def test_per_call_decisions_follow_the_measurement_and_the_mode(cache, monkeypat
         measured.check("hc_prenorm", "m1", original="deep_gemm")
     measured.check("hc_prenorm", "m2-8", original="deep_gemm")  # DeepGEMM won but cannot run here: ours
     measured.check("indexer_logits", "b9+", original="tilelang")
+    with pytest.raises(KeepOriginal, match="FlashInfer's native SM120 sparse MLA"):   # not timed: built-in rule
+        measured.check("sparse_decode", "h64/b1", original="flashinfer")
     monkeypatch.setenv(policy.PREFER, "ours")
     measured.check("indexer_logits", "b1", original="tilelang")
     measured.check("sparse_decode", "h64/b1", original="flashinfer")
@@ -400,3 +402,23 @@ def test_a_wrong_or_failing_candidate_is_reported_never_chosen_and_a_failing_our
     assert rec["winner"] == "sglang" and rec["why"].startswith("ours wrong: relative error")
     ours, why = measured.verdict("hc_prenorm", "m2-8", rec)
     assert not ours and "SGLang's kernel runs" in why
+
+
+def test_the_harness_reads_what_a_server_log_says():
+    from deepseek_v4_kernel import cache_cli
+
+    log = ("[deepseek_v4_kernel] MoE runner for DeepSeek-V4's MXFP4 experts: ours (triton runner) - ours measured "
+           "faster than FlashInfer's MXFP4 runner (tokens1 50.0 / 80.0 us); measured at this first start (21.3 s), "
+           "written to /c/dispatch-x.json\n"
+           "[deepseek_v4_kernel] pid 71 GPU 1: measured dispatch, TP 2: 3 decisions read from /c/dispatch-x.json, 2 "
+           "measured here and written to /c/dispatch-x.json (17.50 s)\n"
+           "[deepseek_v4_kernel] pid 70 GPU 0: measured dispatch, TP 2: 5 decisions read from /c/dispatch-x.json "
+           "(0.01 s)\n")
+    got = cache_cli.from_log(log)
+    assert got["moe_runner"] == [{"runner": "ours", "why": got["moe_runner"][0]["why"], "seconds": 21.3}]
+    assert got["workers"] == [
+        {"pid": 71, "gpu": 1, "tp": 2, "read": 3, "measured": 2, "path": "/c/dispatch-x.json", "seconds": 17.5},
+        {"pid": 70, "gpu": 0, "tp": 2, "read": 5, "measured": 0, "path": "/c/dispatch-x.json", "seconds": 0.01}]
+    # the line decide_at_model_load prints is what from_log reads
+    a = decisions.Active("/c/f.json", 4, "read", read_count=7, seconds=0.004)
+    assert cache_cli.from_log(f"[deepseek_v4_kernel] pid 9 GPU 0: {a.line()}")["workers"][0]["read"] == 7

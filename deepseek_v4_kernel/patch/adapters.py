@@ -182,8 +182,8 @@ def flash_mla_with_kvcache_sm120(**kwargs):
     kw.setdefault("is_fp8_kvcache", True)
     q = kw.get("q")
     if q is not None and q.dim() == 4 and q.shape[0] * q.shape[1] > 0:
-        measured.check(OP_SPARSE_DECODE, measured.size_class(OP_SPARSE_DECODE, q.shape[0] * q.shape[1], heads=q.shape[2]),
-                       original=sglang_sm120_sparse_decode_backend())
+        label = measured.size_class(OP_SPARSE_DECODE, q.shape[0] * q.shape[1], heads=q.shape[2])
+        measured.check(OP_SPARSE_DECODE, label, original=sglang_sm120_sparse_decode_backend())
     return flash_mla_with_kvcache(**kw)
 
 
@@ -230,7 +230,7 @@ def kernel_num_heads(self, num_tokens):
     why = _unpadded_heads_blocker(torch.cuda.current_device())
     if why:
         raise UnsupportedCase(f"{OP_SPARSE_DECODE}: q stays padded to 64 heads: {why}")
-    if isinstance(num_tokens, int) and num_tokens > 0:   # where SGLang's kernel runs this class, SGLang pads as it would
+    if isinstance(num_tokens, int) and num_tokens > 0:   # where SGLang's kernel runs this class, it pads as it would
         measured.check(OP_SPARSE_DECODE, measured.size_class(OP_SPARSE_DECODE, num_tokens, heads=self.n_local_heads),
                        original=sglang_sm120_sparse_decode_backend())
     return self.n_local_heads

@@ -218,7 +218,8 @@ def read_entry(path: str, key: Dict[str, object]) -> Tuple[Optional[dict], str]:
     except (OSError, ValueError) as e:
         return None, f"{path}: unreadable ({type(e).__name__}: {e})"
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        return None, f"{path}: schema is {data.get('schema') if isinstance(data, dict) else None!r}, expected {SCHEMA!r}"
+        schema = data.get("schema") if isinstance(data, dict) else None
+        return None, f"{path}: schema is {schema!r}, expected {SCHEMA!r}"
     diff = key_difference(data.get("key") or {}, key)
     if diff:
         return None, f"{path}: stale ({diff})"
