@@ -195,8 +195,17 @@ def sglang_sm120_sparse_decode_backend():
     for name in ("sglang.kernels.ops.attention.flash_mla_sm120", "sglang.srt.layers.attention.flash_mla_sm120"):
         backend = getattr(sys.modules.get(name), "_sm120_default_backend", None)
         if backend:
+            if backend == "flashinfer" and not _flashinfer_sparse_mla_present():
+                return "flashinfer (its SM120 module missing)"   # no rule keeps a kernel that is not there
             return str(backend)
     return "triton"
+
+
+@functools.lru_cache(maxsize=1)
+def _flashinfer_sparse_mla_present() -> bool:
+    from .targets import _flashinfer_has_sm120_sparse_mla
+
+    return _flashinfer_has_sm120_sparse_mla()
 
 
 # ----------------------------------------------------------------------------- unpadded query heads
