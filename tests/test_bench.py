@@ -290,7 +290,9 @@ def test_builtin_keeps_tilelang_indexer_at_one_row_unless_preferred(this_gpu, mo
     _write(this_gpu, _doc({"indexer_logits": {"b1": _cls("ours")}}))
     measured._reset_for_tests()
     measured.check("indexer_logits", "b1", original="tilelang")
-    monkeypatch.delenv(policy.PREFER)   # the adapter of the TileLang rows asks before any kernel runs
+    # the adapter of the TileLang rows asks before any kernel runs (builtin: the bench file above, which measured
+    # dispatch, the default, would read, says ours won b1)
+    monkeypatch.setenv(policy.PREFER, "builtin")
     import torch
 
     from deepseek_v4_kernel.patch import adapters
@@ -299,6 +301,9 @@ def test_builtin_keeps_tilelang_indexer_at_one_row_unless_preferred(this_gpu, mo
     with pytest.raises(KeepOriginal, match="indexer_logits b1"):
         adapters.tilelang_fp8_paged_mqa_logits(q, None, None, None, None, None, 16384)
     for (op, label, _), why in measured.BUILTIN_KEEP.items():   # every built-in row names a real class
+        if label == "*":   # a kernel that could not be timed here, kept in every class: it says so
+            assert "not timed" in why, why
+            continue
         assert label in {measured.size_class(op, n) for n in measured.class_representatives(op)} and " us" in why
 
 
