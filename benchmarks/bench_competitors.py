@@ -5,8 +5,8 @@ For each op (deepseek_v4_kernel/bench: the shapes, the float64 check before any 
 rotated inputs so that caches and weights come from HBM):
   * ours, natively and as SM120 builds it (mma.sync): the second pass re-executes this script in a child with
     DISABLE_MMA_V3=1 (Triton builds mma.sync) and SGLang's TileLang kernels compiled with TL_DISABLE_WGMMA plus
-    SGLang's own SM120 settings (patch/competitors.py, bench/sources.py);
-  * every runnable competitor (patch/competitors.py): SGLang's TileLang indexer and mHC pre-GEMM kernels of the
+    SGLang's own SM120 settings (bench/competitors.py, bench/sources.py);
+  * every runnable competitor (bench/competitors.py): SGLang's TileLang indexer and mHC pre-GEMM kernels of the
     installed SGLang and of the unpacked sources of --sglang-sources (default 0.5.23; DSV4_SGLANG_SOURCES or
     .sglang/sglang-<v>), its Triton and torch fallbacks, FlashInfer's SM120 / CUTLASS paths where they run,
     FlashMLA (sgl_kernel) and DeepGEMM natively (their originals where our patch layer is active);

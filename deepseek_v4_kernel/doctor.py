@@ -189,6 +189,7 @@ def collect(run_selftest: bool = True, import_modules: bool = True, devices=None
                  "error": dev.error},
         "versions": {k: _dist_version(v) for k, v in _DISTRIBUTIONS.items()},
         "env": {k: os.environ.get(k) for k in (policy.DISABLE, policy.FORCE, policy.PREFER, policy.STRICT, policy.QUIET,
+                                               "DSV4_KERNEL_CACHE_DIR", "DSV4_KERNEL_MEASURE_BUDGET_S",
                                                _HC_ATOMIC_ENV, _SGLANG_DETERMINISTIC_ENV)
                 if os.environ.get(k) is not None},
         "torch": _torch_info(),

@@ -138,11 +138,15 @@ def test_native_flashinfer_sm120_kernel_is_left_unless_preferred(version, tmp_pa
     (fi / "mla" / "__init__.py").write_text("")
     (fi / "mla" / "_sparse_mla_sm120.py").write_text("# presence is what SGLang's dispatcher relies on\n")
     mod = SM120_DISPATCH[version]
-    rows = _import_and_report(version, [mod], FORCE, extra_path=[str(tmp_path)])
+    rows = _import_and_report(version, [mod], {**FORCE, "DSV4_KERNEL_PREFER": "builtin"}, extra_path=[str(tmp_path)])
     row = rows[f"{mod}.flash_mla_with_kvcache_sm120"]
     assert row["status"] == "left" and "FlashInfer" in row["reason"], row
     rows = _import_and_report(version, [mod], {**FORCE, "DSV4_KERNEL_PREFER": "ours"}, extra_path=[str(tmp_path)])
     assert rows[f"{mod}.flash_mla_with_kvcache_sm120"]["status"] == "patched"
+    # measured dispatch (the default) wraps it and decides per size class (FlashInfer's stays where not timed)
+    rows = _import_and_report(version, [mod], FORCE, extra_path=[str(tmp_path)])
+    row = rows[f"{mod}.flash_mla_with_kvcache_sm120"]
+    assert row["status"] == "patched", row
 
 
 # FlashInfer's native SM120 module as a CPU stand-in: records what SGLang's FlashInfer path passes it

@@ -37,7 +37,7 @@ def main() -> int:
     from deepseek_v4_kernel.bench import inputs, runner, shapes
     from deepseek_v4_kernel.bench.timing import l2_bytes
     from deepseek_v4_kernel.ops import hc_prenorm as hp
-    from deepseek_v4_kernel.patch import competitors as comp
+    from deepseek_v4_kernel.bench import competitors as comp
     from deepseek_v4_kernel.patch.measured import size_class
 
     dev = torch.device("cuda")

@@ -99,7 +99,7 @@ def run(opts: dict, log=_log) -> dict:
     """Measure and return the JSON document (not written)."""
     if opts["mma_sync"]:
         # Triton reads it when it compiles a kernel: every kernel of this process is then an mma.sync build (the
-        # class SM120 runs); TileLang gets TL_DISABLE_WGMMA through patch/competitors.py.
+        # class SM120 runs); TileLang gets TL_DISABLE_WGMMA through bench/competitors.py.
         os.environ["DISABLE_MMA_V3"] = "1"
     import torch
 

@@ -1,4 +1,4 @@
-"""Inputs of one bench case (patch/competitors.py's forms), rotated so that a timed call reads from HBM, and the
+"""Inputs of one bench case (bench/competitors.py's forms), rotated so that a timed call reads from HBM, and the
 float64 reference of a few of their rows (deepseek_v4_kernel/reference) to check every kernel before it is timed.
 
 The caches are packed by our reference packers (a seed of real packed pages, repeated over a pool several times

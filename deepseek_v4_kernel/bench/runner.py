@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ..patch import competitors as comp
+from . import competitors as comp
 from . import inputs, shapes
 from .timing import time_rotated
 

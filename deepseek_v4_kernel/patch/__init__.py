@@ -79,15 +79,27 @@ def start_up_line(patcher: Patcher) -> str:
     version, and what happened to the targets so far."""
     from .. import __version__
 
-    from . import measured
-
     state = "active" if patcher.active else "inactive"
     what = f"{len(patcher.targets)} targets: {patcher.summary()}" if patcher.active else "nothing patched"
-    # which bench file decides per size class (or why none does): said where the user asked for it
-    decides = f"; {policy.PREFER}=measured: {measured.load().why}" if patcher.active and measured.prefer_measured() \
-        else ""
+    decides = f"; dispatch: {dispatch_words()}" if patcher.active else ""
     return (f"[deepseek_v4_kernel {__version__}] {state}: {patcher.why}; SGLang {patcher.version or 'not installed'}; "
             f"{what}{decides}; details: {DOCTOR}")
+
+
+def dispatch_words() -> str:
+    """What decides per op and size class in this process (said in the start-up line)."""
+    from . import decisions, measured
+
+    mode = policy.prefer_mode()
+    if mode == "ours":
+        return f"ours everywhere ({policy.PREFER}=ours)"
+    if mode == "builtin":
+        return f"the built-in rules ({policy.PREFER}=builtin)"
+    if measured.load().ok:
+        return f"{policy.PREFER}=measured: {measured.load().why}"
+    d, why = decisions.cache_dir()
+    return (f"measured (each worker reads or times its decisions after its model loads; cache {d}"
+            + (f": {why}" if why else "") + ")")
 
 
 def installed() -> Optional[Patcher]:

@@ -44,9 +44,10 @@ if sglang_deterministic_inference not in _hc.DETERMINISTIC_SOURCES:
 
 
 def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits=None):
-    """``deep_gemm.tf32_hc_prenorm_gemm`` (DeepGEMM's signature), with DSV4_KERNEL_PREFER=measured's per-size choice."""
+    """``deep_gemm.tf32_hc_prenorm_gemm`` (DeepGEMM's signature), with measured dispatch's per-size choice (DeepGEMM's
+    own kernel, its SM120 port from sgl-deep-gemm 0.1.5, where it was measured faster)."""
     if a.shape[0] > 0:
-        measured.check("hc_prenorm", measured.size_class("hc_prenorm", a.shape[0]))
+        measured.check("hc_prenorm", measured.size_class("hc_prenorm", a.shape[0]), original="deep_gemm")
     return _hc.tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits)
 
 
@@ -56,7 +57,9 @@ def sglang_tf32_hc_prenorm_gemm(x, fn, out, sqrsum, num_splits):
     returns None, m == 0 returns before any check)."""
     if x.shape[0] == 0:
         return None
-    measured.check("hc_prenorm", measured.size_class("hc_prenorm", x.shape[0]))
+    # (not "deep_gemm": SGLang's wrapper binds deep_gemm only with its JIT on, which SM120 need not have; a class
+    # DeepGEMM won is kept at deep_gemm.tf32_hc_prenorm_gemm itself, the row above, never handed to this wrapper)
+    measured.check("hc_prenorm", measured.size_class("hc_prenorm", x.shape[0]), original="sglang_entrypoint")
     return hc_prenorm_gemm(x, fn, out, sqrsum, num_splits)
 
 
@@ -181,8 +184,30 @@ def flash_mla_with_kvcache_sm120(**kwargs):
     kw.setdefault("is_fp8_kvcache", True)
     q = kw.get("q")
     if q is not None and q.dim() == 4 and q.shape[0] * q.shape[1] > 0:
-        measured.check(OP_SPARSE_DECODE, measured.size_class(OP_SPARSE_DECODE, q.shape[0] * q.shape[1], heads=q.shape[2]))
+        label = measured.size_class(OP_SPARSE_DECODE, q.shape[0] * q.shape[1], heads=q.shape[2])
+        measured.check(OP_SPARSE_DECODE, label, original=sglang_sm120_sparse_decode_backend())
     return flash_mla_with_kvcache(**kw)
+
+
+def sglang_sm120_sparse_decode_backend():
+    """The path SGLang's own SM120 dispatcher takes (its module's ``_sm120_default_backend``: "flashinfer", "triton" or
+    "torch"; 0.5.13-0.5.14 read SGLANG_SM120_TRITON_FLASHMLA instead, Triton by default)."""
+    import sys
+
+    for name in ("sglang.kernels.ops.attention.flash_mla_sm120", "sglang.srt.layers.attention.flash_mla_sm120"):
+        backend = getattr(sys.modules.get(name), "_sm120_default_backend", None)
+        if backend:
+            if backend == "flashinfer" and not _flashinfer_sparse_mla_present():
+                return "flashinfer (its SM120 module missing)"   # no rule keeps a kernel that is not there
+            return str(backend)
+    return "triton"
+
+
+@functools.lru_cache(maxsize=1)
+def _flashinfer_sparse_mla_present() -> bool:
+    from .targets import _flashinfer_has_sm120_sparse_mla
+
+    return _flashinfer_has_sm120_sparse_mla()
 
 
 # ----------------------------------------------------------------------------- unpadded query heads
@@ -216,6 +241,9 @@ def kernel_num_heads(self, num_tokens):
     why = _unpadded_heads_blocker(torch.cuda.current_device())
     if why:
         raise UnsupportedCase(f"{OP_SPARSE_DECODE}: q stays padded to 64 heads: {why}")
+    if isinstance(num_tokens, int) and num_tokens > 0:   # where SGLang's kernel runs this class, it pads as it would
+        measured.check(OP_SPARSE_DECODE, measured.size_class(OP_SPARSE_DECODE, num_tokens, heads=self.n_local_heads),
+                       original=sglang_sm120_sparse_decode_backend())
     return self.n_local_heads
 
 
@@ -253,3 +281,45 @@ fp8_paged_mqa_logits_torch_sm120 = fp8_paged_mqa_logits_sglang_fallback
 # call time)
 from .fp8_adapters import (  # noqa: E402,F401
     deep_gemm_fp8_einsum, fp8_linear_method_apply, fp8_wo_a_einsum, wo_a_quant_fp32_scales, wo_a_quant_ue8m0)
+
+# ----------------------------------------------------------------------------- measured dispatch (patch/decisions.py)
+def model_runner_load_model(original, self, *args, **kwargs):
+    """Wraps SGLang's ``ModelRunner.load_model``: SGLang's own runs, then this worker decides (reads the cached
+    decisions, or times ours against SGLang's kernels at this server's shapes: bench/startup.py) before SGLang sizes
+    its KV cache and captures its CUDA graphs. Deciding never fails the load."""
+    out = original(self, *args, **kwargs)
+    from deepseek_v4_kernel.bench import startup
+
+    startup.decide_at_model_load(self)
+    return out
+
+
+model_runner_load_model.__dsv4_wraps_original__ = True
+
+
+def deepseek_v4_sm120_moe(original, view):
+    """Wraps SGLang 0.5.16-0.5.18's resolution pass ``_deepseek_v4_sm120_moe(view)`` (it declares
+    moe_runner_backend=flashinfer_mxfp4 on SM120 when the user left it "auto"): our runner where measured faster
+    (patch/moe_runner.py)."""
+    from . import moe_runner
+
+    return moe_runner.apply(original(view), view)
+
+
+deepseek_v4_sm120_moe.__dsv4_wraps_original__ = True
+
+
+def invoke_model_override(original, fn, server_args, hf_config):
+    """Wraps SGLang 0.5.19+'s ``_invoke_provider(fn, server_args, hf_config)``, which calls each model's override
+    provider: for DeepSeek-V4's (``_deepseek_v4_overrides``, which declares moe_runner_backend=flashinfer_mxfp4 on SM120
+    when the user left it "auto"), our runner where measured faster (patch/moe_runner.py); every other provider's
+    declaration is passed through untouched."""
+    declared = original(fn, server_args, hf_config)
+    if getattr(fn, "__name__", "") != "_deepseek_v4_overrides":
+        return declared
+    from . import moe_runner
+
+    return moe_runner.apply(declared, server_args)
+
+
+invoke_model_override.__dsv4_wraps_original__ = True

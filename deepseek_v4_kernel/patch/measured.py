@@ -1,20 +1,24 @@
-"""``DSV4_KERNEL_PREFER=measured``: replace an op only where ``python -m deepseek_v4_kernel bench`` measured ours faster.
+"""Which kernel a call runs, per op and size class: the size classes, the per-call check the adapters make, the
+built-in keep rules, and the user's bench files.
 
-The bench command (deepseek_v4_kernel/bench) times each op at DeepSeek-V4 shapes against the kernel SGLang itself
-would run at the patched call site on this GPU (its "default" path: FlashInfer's SM120 sparse MLA, the TileLang
-indexer, DeepGEMM, ...) and writes a small JSON file per GPU and TP size. This module reads those files and answers
-two questions:
+``check(op, class, original)`` raises KeepOriginal where SGLang's kernel should run for that class. What decides
+depends on ``DSV4_KERNEL_PREFER`` (policy.prefer_mode):
 
-* per op (``op_decision``, read by the conditions of targets.py when SGLang's module is imported in a worker):
-  patch at all? Only if a file matches this GPU (name, compute capability), the installed SGLang version and this
-  package's version, and ours won at least one size class of the op. A missing, unreadable or stale file means
-  "do not patch", with the reason in the doctor's report.
-* per call (``check``, for the adapters): ours lost this call's size class (batch rows / tokens) to a default
-  path that runs on this GPU -> ``UnsupportedCase``, so the patch layer hands the call back to SGLang's original.
-  A class nobody measured, or one whose default path cannot run here, stays ours (we never hand a call back to a
-  kernel that would fail).
+* ``measured`` (the default, also when unset): a bench file of the user's (``python -m deepseek_v4_kernel bench``,
+  read below) when one matches this GPU, SGLang and this package, else the start-up measurement of this server
+  (patch/decisions.py: ours against SGLang's kernels timed at the first start, cached); a class neither timed falls
+  to the built-in rules.
+* ``builtin``: the built-in rules only (BUILTIN_KEEP: measured by the project on an H200 in SM120's instruction
+  class), no timing at start-up.
+* ``ours``: ours everywhere.
 
-Stdlib only (the start-up path imports it); the file is read once per process.
+The bench files: ``bench`` times each op at DeepSeek-V4 shapes against the kernel SGLang would run at the patched
+call site on this GPU and writes a JSON file per GPU and TP size; a missing, unreadable or stale file is ignored.
+A class nobody measured, or one whose SGLang path cannot run here, stays ours (a call is never handed back to a
+kernel that would fail).
+
+To extend with an op: add it to OPS, CLASS_VARIABLE and CLASS_BOUNDS (its size classes). Stdlib only (the start-up
+path imports it); the files are read once per process.
 """
 
 from __future__ import annotations
@@ -198,16 +202,26 @@ def _reset_for_tests() -> None:
 
 
 def prefer_measured() -> bool:
-    return os.environ.get(policy.PREFER, "").strip().lower() == MEASURED
+    """DSV4_KERNEL_PREFER is "measured" or unset (the default): measured dispatch (patch/decisions.py)."""
+    return policy.prefer_mode() == MEASURED
+
+
+def bench_file_decides() -> bool:
+    """A bench file of the user's (``python -m deepseek_v4_kernel bench``) matches this GPU and these versions: under
+    measured dispatch it decides, in place of the start-up measurement (it times the whole grid)."""
+    return prefer_measured() and load().ok
 
 
 # ----------------------------------------------------------------------------- decisions
 def op_decision(op: str, measured: Optional[Measured] = None) -> Tuple[bool, str]:
-    """Whether to patch ``op``'s targets under PREFER=measured, and why (one phrase)."""
+    """Whether to patch ``op``'s targets at all by the user's bench file, and why (one phrase); without a valid
+    bench file, True (each call then asks check())."""
     m = measured or load()
     if not m.ok:
-        return False, f"{policy.PREFER}=measured: {m.why}"
-    cls = m.classes.get(_op(op)) or {}
+        return True, f"{policy.PREFER}=measured: decided per call ({m.why})"
+    if op not in m.classes and op not in CLASS_BOUNDS:
+        return True, f"{op} is not measured per size class"
+    cls = m.classes.get(op) or {}
     won = sorted(k for k, v in cls.items() if v.get("winner") == "ours")
     lost = sorted(k for k, v in cls.items() if v.get("winner") != "ours")
     if not cls:
@@ -219,45 +233,70 @@ def op_decision(op: str, measured: Optional[Measured] = None) -> Tuple[bool, str
 
 
 def prefers_ours(op: str, size_class_label: str, measured: Optional[Measured] = None) -> Tuple[bool, str]:
-    """Whether a call of this class runs ours (True unless ours measured slower there against a default path
-    that runs on this GPU), and why."""
+    """Whether a call of this class runs ours by the user's bench file (True unless ours measured slower there against
+    a default path that runs on this GPU), and why."""
     m = measured or load()
     if not m.ok:
         return True, m.why
-    v = (m.classes.get(op) or {}).get(size_class_label)
+    return verdict(op, size_class_label, (m.classes.get(op) or {}).get(size_class_label))
+
+
+def verdict(op: str, label: str, v: Optional[dict]) -> Tuple[bool, str]:
+    """Whether ours runs for one measured class record ``v`` (a bench file's or the start-up measurement's)."""
     if v is None:
-        return True, f"{op} {size_class_label} not measured"
+        return True, f"{op} {label} not measured"
     if v.get("winner") == "ours":
-        return True, f"measured faster at {size_class_label}"
+        return True, f"measured faster at {label}"
     if not v.get("handback_runnable", False):
-        return True, f"measured slower at {size_class_label}, but SGLang's {v.get('sglang')} cannot run here"
-    return False, (f"{op}: measured slower at {size_class_label} ({v.get('ours_us')} us against "
+        return True, f"measured slower at {label}, but SGLang's {v.get('sglang')} cannot run here"
+    return False, (f"{op}: measured slower at {label} ({v.get('ours_us')} us against "
                    f"{v.get('sglang')} {v.get('sglang_us')} us): SGLang's kernel runs")
+
+
+def _kind(name: Optional[str]) -> Optional[str]:
+    """The kind of SGLang kernel a competitor name denotes (what an adapter's ``original`` says)."""
+    for k in ("tilelang", "flashinfer", "deep_gemm", "triton", "torch", "flashmla", "marlin", "cutlass"):
+        if name and k in name.lower():
+            return k
+    return None
 
 
 def check(op: str, size_class_label: str, original: Optional[str] = None) -> None:
     """For the adapters: raise KeepOriginal (the patch layer then calls SGLang's original, counted as kept) where
-    ours was measured slower for this class: under DSV4_KERNEL_PREFER=measured by the user's bench file; without
-    DSV4_KERNEL_PREFER by the project's own measurement (BUILTIN_KEEP) for the ``original`` kernel the adapter
-    replaces. DSV4_KERNEL_PREFER=ours keeps ours everywhere."""
+    ours was measured slower for this class. DSV4_KERNEL_PREFER=ours: never. Measured dispatch (the default): the
+    user's bench file if one matches, else the start-up measurement of this server (patch/decisions.py) where it
+    timed this class against the ``original`` kind the adapter replaces (or against whatever runs there, for an
+    adapter that does not say); a class it did not time, and DSV4_KERNEL_PREFER=builtin, fall to the built-in rules
+    (BUILTIN_KEEP) for that ``original``."""
     from ..errors import KeepOriginal
+    from . import decisions
 
-    if prefer_measured():
-        ours, why = prefers_ours(op, size_class_label)
-        if not ours:
-            raise KeepOriginal(why)
+    mode = policy.prefer_mode()
+    if mode == "ours":
         return
+    if mode == MEASURED:
+        if load().ok:
+            ours, why = prefers_ours(op, size_class_label)
+            if not ours:
+                raise KeepOriginal(why)
+            return
+        d = decisions.lookup(op, size_class_label)
+        if d is not None and (original is None or _kind(d.get("sglang")) in (None, original)):
+            ours, why = verdict(op, size_class_label, d)
+            if not ours:
+                raise KeepOriginal(f"{why} (measured at this server's start; {decisions.active().path})")
+            return
     why = builtin_keep(op, size_class_label, original)
     if why:
         raise KeepOriginal(why)
 
 
 def builtin_keep(op: str, size_class_label: str, original: Optional[str]) -> Optional[str]:
-    """Why SGLang's ``original`` kernel stays for this class without a bench file of the user's (BUILTIN_KEEP), or
-    None: always None under DSV4_KERNEL_PREFER=ours or =measured (the user's file decides then)."""
-    if original is None or policy.prefer_ours() or prefer_measured():
+    """Why SGLang's ``original`` kernel stays for this class by the built-in rules (BUILTIN_KEEP; a "*" class
+    covers every class), or None; always None under DSV4_KERNEL_PREFER=ours."""
+    if original is None or policy.prefer_ours():
         return None
-    why = BUILTIN_KEEP.get((op, size_class_label, original))
+    why = BUILTIN_KEEP.get((op, size_class_label, original)) or BUILTIN_KEEP.get((op, "*", original))
     return f"{op} {size_class_label}: {why} ({policy.PREFER}=ours runs ours)" if why else None
 
 
@@ -266,6 +305,10 @@ def builtin_keep(op: str, size_class_label: str, original: Optional[str]) -> Opt
 # builds them (mma.sync: Triton with DISABLE_MMA_V3=1, TileLang with TL_DISABLE_WGMMA), CUDA-graph replay; the
 # tables are in docs/performance.md.
 BUILTIN_KEEP: Dict[Tuple[str, str, str], str] = {
+    # FlashInfer's native SM120 sparse MLA (SGLang 0.5.15+ by default) cannot be timed on the H200: it stays unless
+    # this GPU's measurement says ours is faster
+    ("sparse_decode", "*", "flashinfer"):
+        "SGLang runs FlashInfer's native SM120 sparse MLA kernel, not timed against ours on this GPU",
     ("indexer_logits", "b1", "tilelang"):
         "SGLang's TileLang kernel measured faster (4.5 us against ours 4.9 us at 16K context, H200 in the mma.sync "
         "class SM120 runs)",
@@ -281,14 +324,17 @@ BUILTIN_KEEP: Dict[Tuple[str, str, str], str] = {
 
 
 def doctor_lines() -> List[str]:
-    """What the doctor prints about the measured files (the path, and per op what they decide)."""
+    """What the doctor prints about dispatch: the mode, the start-up measurement's file and decisions
+    (patch/decisions.py), and a bench file of the user's if one applies."""
+    from . import decisions
+
+    lines = decisions.doctor_lines()
     dev = policy.device_info()
-    lines = [f"prefer measured: {prefer_measured()} ({policy.PREFER}={os.environ.get(policy.PREFER, '')!r})"]
-    if dev.capabilities:
-        lines.append(f"measured file: {default_path(dev.names[0], dev.capabilities[0], 1).replace('-tp1.json', '-tp<N>.json')}")
     m = load()
-    lines.append(f"measured: {m.why}")
     if m.ok:
+        lines.append(f"bench file (decides in place of the start-up measurement): {m.why}")
         for op in OPS:
             lines.append(f"  {op}: {op_decision(op, m)[1]}")
+    elif dev.capabilities:
+        lines.append(f"bench file: none applies ({m.why})")
     return lines

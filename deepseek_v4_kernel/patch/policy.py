@@ -25,7 +25,7 @@ def env_flag(name: str) -> bool:
 # Switches (documented in the README).
 DISABLE = "DSV4_KERNEL_DISABLE"  # 1: install nothing at all
 FORCE = "DSV4_KERNEL_FORCE"  # 1: act on any CUDA GPU (testing on H100)
-PREFER = "DSV4_KERNEL_PREFER"  # "ours": replace SGLang's native SM120 kernels too
+PREFER = "DSV4_KERNEL_PREFER"  # which kernel runs per op and size class: PREFER_MODES
 STRICT = "DSV4_KERNEL_STRICT"  # 1: an uncovered case raises instead of handing back
 QUIET = "DSV4_KERNEL_QUIET"  # 1: no start-up line
 # Set by the patch layer itself, never by users: the environment variables it set because the user had not (comma
@@ -34,8 +34,23 @@ QUIET = "DSV4_KERNEL_QUIET"  # 1: no start-up line
 ENV_SET = "DSV4_KERNEL_ENV_SET"
 
 
+# DSV4_KERNEL_PREFER's values: "measured" (the default, also when unset): ours against SGLang's kernels timed on this
+# GPU at the server's first start, per size class (patch/decisions.py); "ours": ours everywhere, SGLang's native SM120
+# kernels included; "builtin": the project's own keep rules (measured on an H200, patch/measured.BUILTIN_KEEP), no
+# timing at start-up.
+PREFER_MODES = ("measured", "ours", "builtin")
+
+
+def prefer_mode() -> str:
+    """DSV4_KERNEL_PREFER, read by the one parser: unset or empty is "measured"; a value outside PREFER_MODES raises
+    InvalidSwitch naming the variable and the accepted values (the start-up hook then installs nothing and says so)."""
+    from ..switches import env_choice
+
+    return env_choice(PREFER, PREFER_MODES, "measured")
+
+
 def prefer_ours() -> bool:
-    return os.environ.get(PREFER, "").strip().lower() == "ours"
+    return prefer_mode() == "ours"
 
 
 def strict() -> bool:
@@ -48,6 +63,8 @@ class DeviceInfo:
     names: List[str] = field(default_factory=list)
     source: str = "none"  # "nvml", "torch" or "none"
     error: Optional[str] = None
+    driver: Optional[str] = None  # NVML's driver version ("580.95.05")
+    cores: List[Optional[int]] = field(default_factory=list)  # CUDA cores per GPU (NVML; None where it cannot say)
 
     @property
     def has_sm12x(self) -> bool:
@@ -108,6 +125,9 @@ def _query_nvml() -> DeviceInfo:
         if ret != 0:
             info.error = f"nvmlDeviceGetCount_v2 failed: {_nvml_error(nvml, ret)}"
             return info
+        drv = ctypes.create_string_buffer(96)
+        if nvml.nvmlSystemGetDriverVersion(drv, 96) == 0:
+            info.driver = drv.value.decode(errors="replace")
         for i in _visible_indices(count.value):
             handle = ctypes.c_void_p()
             if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
@@ -119,6 +139,10 @@ def _query_nvml() -> DeviceInfo:
             nvml.nvmlDeviceGetName(handle, name, 96)
             info.capabilities.append((major.value, minor.value))
             info.names.append(name.value.decode(errors="replace"))
+            cores = ctypes.c_uint(0)
+            get_cores = getattr(nvml, "nvmlDeviceGetNumGpuCores", None)   # (drivers from 2022 on)
+            info.cores.append(cores.value if get_cores is not None and get_cores(handle, ctypes.byref(cores)) == 0
+                              else None)
     finally:
         nvml.nvmlShutdown()
     return info
@@ -142,6 +166,7 @@ def active() -> Tuple[bool, str]:
     """Whether patches apply in this process, and why (one phrase)."""
     if env_flag(DISABLE):
         return False, f"disabled by {DISABLE}=1"
+    prefer_mode()   # an unknown DSV4_KERNEL_PREFER stops the install here, naming the variable and its values
     dev = device_info()
     if dev.has_sm12x:
         return True, f"SM12x device: {dev.describe()}"

@@ -80,8 +80,8 @@ def sm120_sparse_decode_not_native(module) -> Tuple[bool, str]:
     backend = getattr(module, "_sm120_default_backend", None)
     if policy.prefer_ours():
         return True, f"{policy.PREFER}=ours (SGLang backend was {backend!r})"
-    if measured.prefer_measured():   # the measured file decides (measured_gate, below), FlashInfer's kernel included
-        return True, f"{policy.PREFER}=measured (SGLang backend was {backend!r})"
+    if measured.prefer_measured():   # measured dispatch decides per call and class, FlashInfer's kernel included
+        return True, f"measured dispatch decides per size class (SGLang backend was {backend!r})"
     if backend in ("triton", "torch"):
         return True, f"SGLang would run its slow {backend} fallback"
     if backend == "flashinfer":
@@ -152,8 +152,25 @@ def fp8_wo_a_gemm_on(module) -> Tuple[bool, str]:
         return False, f"{FP8_WO_A_ENV} is off here ({module.__name__}._FP8_WO_A_GEMM = {on!r}): wo_a is bf16"
     return True, f"{FP8_WO_A_ENV} is on"
 
+def measured_dispatch_on(module) -> Tuple[bool, str]:
+    """Measured dispatch (the default): each worker decides per op and size class after its model loads."""
+    if not measured.prefer_measured():
+        return False, f"{policy.PREFER}={policy.prefer_mode()}: nothing timed at start-up"
+    if measured.bench_file_decides():
+        return False, f"the user's bench file decides ({measured.load().why})"
+    return True, "each worker decides after its model loads (read from the cache, or timed at the first start)"
+
+
+def moe_runner_chosen_at_start_up(module) -> Tuple[bool, str]:
+    """Where SGLang would pick FlashInfer's MXFP4 MoE runner itself (`auto`), ours if measured faster on this GPU."""
+    if policy.prefer_mode() == "builtin":
+        return False, f"{policy.PREFER}=builtin: SGLang's own choice of MoE runner stands"
+    return True, "SGLang's `auto` choice of flashinfer_mxfp4 is checked against the measurement"
+
 
 CONDITIONS: Dict[str, Callable[[Any], Tuple[bool, str]]] = {
+    "measured_dispatch_on": measured_dispatch_on,
+    "moe_runner_chosen_at_start_up": moe_runner_chosen_at_start_up,
     "sm120_sparse_decode_not_native": sm120_sparse_decode_not_native,
     "hc_prenorm_gate_cannot_reach_a_missing_deep_gemm": hc_prenorm_gate_cannot_reach_a_missing_deep_gemm,
     "sm120_sparse_decode_is_ours": sm120_sparse_decode_is_ours,
@@ -263,6 +280,36 @@ TARGETS: Tuple[Target, ...] = (
         first="0.5.12", params=("self", "layer", "dispatch_output"),
         callers=("sglang.srt.layers.moe.fused_moe_triton.layer",),
         note="FusedMoE calls self.quant_method.apply(layer=self, dispatch_output=...) per forward",
+    ),
+    # 0.5.16+: on SM120 SGLang resolves `--moe-runner-backend auto` to flashinfer_mxfp4 for DeepSeek-V4's MXFP4
+    # experts, whose quant method is FlashInfer's, not Fp8MoEMethod: ours never runs there. These rows wrap the point
+    # of that resolution (in the launcher) and declare the triton runner instead where ours was measured faster on
+    # this GPU, or where FlashInfer's runner cannot run (patch/moe_runner.py). A backend the user passed is never
+    # changed: SGLang declares flashinfer_mxfp4 only for `auto`. 0.5.16-0.5.18: the post-process pass
+    # `_deepseek_v4_sm120_moe(view)` (0.5.17 overrides.py:1836-1847), imported by server_args.py at call time
+    # (0.5.17 server_args.py:5299-5306); 0.5.19+: DeepSeek-V4's model override provider (0.5.23
+    # model_overrides/deepseek_v4.py:67-89), registered by reference, so the wrap is at `_invoke_provider`, which
+    # overrides.py imports by name (0.5.23 overrides.py:45, called at :294 / :299).
+    Target(
+        op="fp4_moe", module="sglang.srt.arg_groups.overrides", attr="_deepseek_v4_sm120_moe",
+        replacement="deepseek_v4_kernel.patch.adapters:deepseek_v4_sm120_moe",
+        first="0.5.16", last="0.5.18", params=("view",), when="moe_runner_chosen_at_start_up",
+        note="server_args.py imports it inside __post_init__ and runs it with run_post_process_pass",
+    ),
+    Target(
+        op="fp4_moe", module="sglang.srt.arg_groups.model_override_base", attr="_invoke_provider",
+        replacement="deepseek_v4_kernel.patch.adapters:invoke_model_override",
+        first="0.5.19", params=("fn", "server_args", "hf_config"), when="moe_runner_chosen_at_start_up",
+        importers=("sglang.srt.arg_groups.overrides",),
+        note="overrides.py calls it for every registered model override provider",
+    ),
+    # --- measured dispatch (patch/decisions.py, bench/startup.py) -------------------------------------
+    # Each worker decides, after its weights load and before SGLang sizes its KV cache and captures graphs.
+    Target(
+        op="measured_dispatch", module="sglang.srt.model_executor.model_runner", attr="ModelRunner.load_model",
+        replacement="deepseek_v4_kernel.patch.adapters:model_runner_load_model",
+        first="0.5.12", params=("self",), when="measured_dispatch_on",
+        note="ModelRunner.initialize calls self.load_model() (0.5.12:655, 0.5.17:597, 0.5.23:715)",
     ),
     # --- hc_prenorm (docs/hc_prenorm.md) ------------------------------------------------------
     # Whoever imports DeepGEMM gets our pre-norm GEMM (DeepGEMM's is SM90/SM100 only; 0.5.12

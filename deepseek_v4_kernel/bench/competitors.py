@@ -30,7 +30,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import policy
+from ..patch import policy
 
 OPS = ("sparse_decode", "indexer_logits", "hc_prenorm", "fp4_moe")
 SGLANG, NATIVE = "sglang", "native"   # roles: a path SGLang may run for the op; DeepSeek's own kernel (reference)
@@ -118,7 +118,7 @@ def _flashinfer_jit_blocker(spec_fn: str, allow_jit: bool) -> str:
 
 # ----------------------------------------------------------------------------- sparse decode
 def _sparse_decode(trees, mma_sync, allow_jit) -> List[Competitor]:
-    from ..bench import sources
+    from . import sources
 
     out, seen = [], {}
     for version, tree in trees:
@@ -154,7 +154,7 @@ def _sparse_decode(trees, mma_sync, allow_jit) -> List[Competitor]:
 
 
 def ast_dump(path: str, names) -> str:
-    from ..bench import sources
+    from . import sources
 
     return "".join(sources.definition_dump(path, n) for n in names)
 
@@ -197,7 +197,7 @@ def _torch_sparse_decode(fn):
 
 
 def _flashinfer_sparse_mla() -> Competitor:
-    from .targets import TARGETS
+    from ..patch.targets import TARGETS
 
     c = Competitor("sparse_decode", "flashinfer sm120 sparse mla (sglang dispatcher, 256->64 page split included)",
                    "flashinfer.mla._sparse_mla_sm120", SGLANG)
@@ -267,7 +267,7 @@ def _flashmla_native() -> Competitor:
 
 # ----------------------------------------------------------------------------- indexer logits
 def _indexer(trees, mma_sync, allow_jit) -> List[Competitor]:
-    from ..bench import sources
+    from . import sources
 
     out, seen = [], {}
     for version, tree in trees:
@@ -341,7 +341,7 @@ def _indexer(trees, mma_sync, allow_jit) -> List[Competitor]:
 
 # ----------------------------------------------------------------------------- hc_prenorm
 def _hc_prenorm(trees, mma_sync, allow_jit) -> List[Competitor]:
-    from ..bench import sources
+    from . import sources
 
     out, seen = [], {}
     for version, tree in trees:
@@ -455,7 +455,7 @@ def _torch_hc_pre(a):
 def triton_moe_blocker(tree: str) -> str:
     """Why SGLang's Triton MoE runner cannot run DeepSeek-V4's MXFP4 experts, read off its source (the assert that
     stops it), or "" where that source has no such check."""
-    from ..bench import sources
+    from . import sources
 
     path = sources.find_file(tree, FILES["triton_moe"])
     if path is None:
@@ -549,24 +549,57 @@ def _flashinfer_mxfp4(sm120: bool):
 
 
 # ----------------------------------------------------------------------------- discovery
-_BUILDERS = {"sparse_decode": _sparse_decode, "indexer_logits": _indexer, "hc_prenorm": _hc_prenorm,
-             "fp4_moe": _fp4_moe}
+@dataclass
+class Discovery:
+    """What a competitor provider gets: the SGLang source trees to load kernels from ((version, directory)), the
+    build mode, and (where the caller knows them) the device and the cases it will time."""
+    op: str
+    trees: List[Tuple[str, str]]
+    mma_sync: bool = False
+    allow_jit: bool = False
+    device: Any = None
+    cases: Tuple[Any, ...] = ()
 
 
-def discover(op: str, *, mma_sync: bool = False, source_versions=(), allow_jit: bool = False) -> List[Competitor]:
+def _builtin(builder):
+    return lambda d: builder(d.trees, d.mma_sync, d.allow_jit)
+
+
+# The competitor providers per op: each takes a Discovery and returns Competitors (runnable or with a reason).
+# Another module adds its own with register(op, provider), e.g. (bench/moe_competitors.py):
+#     register("fp4_moe", lambda d: moe_competitors(d.device, d.cases))
+PROVIDERS: Dict[str, List[Callable[[Discovery], List[Competitor]]]] = {
+    "sparse_decode": [_builtin(_sparse_decode)], "indexer_logits": [_builtin(_indexer)],
+    "hc_prenorm": [_builtin(_hc_prenorm)], "fp4_moe": [_builtin(_fp4_moe)],
+}
+
+
+def register(op: str, provider: Callable[[Discovery], List[Competitor]]) -> None:
+    """Add a competitor provider for ``op`` (a new op gets its own list)."""
+    PROVIDERS.setdefault(op, [])
+    if provider not in PROVIDERS[op]:
+        PROVIDERS[op].append(provider)
+
+
+def discover(op: str, *, mma_sync: bool = False, source_versions=(), allow_jit: bool = False, device=None,
+             cases=()) -> List[Competitor]:
     """Every competitor of ``op`` for this process and GPU (see the module docstring); never raises for a
     competitor's failure (its ``reason`` says it). ``source_versions``: SGLang versions to load from unpacked
     sources besides the installed one; ``mma_sync``: build TileLang kernels as on SM120 (no wgmma)."""
-    if op not in _BUILDERS:
-        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
-    from ..bench import sources
+    if op not in PROVIDERS:
+        raise ValueError(f"op must be one of {', '.join(PROVIDERS)}, got {op!r}")
+    from . import sources
 
     trees = sources.source_trees(source_versions)
-    try:
-        found = _BUILDERS[op](trees, mma_sync, allow_jit)
-    except Exception as e:  # noqa: BLE001  (a bug in one builder costs that op's competitors, not the run)
-        found = [Competitor(op, f"{op} competitors", "deepseek_v4_kernel.patch.competitors", SGLANG,
-                            reason=f"discovery failed: {_why(e)}")]
+    d = Discovery(op, trees, mma_sync, allow_jit, device, tuple(cases))
+    found: List[Competitor] = []
+    for provider in PROVIDERS[op]:
+        try:
+            found += list(provider(d))
+        except Exception as e:  # noqa: BLE001  (a bug in one provider costs its competitors, not the run)
+            found.append(Competitor(op, f"{op} competitors ({getattr(provider, '__qualname__', provider)})",
+                                    "deepseek_v4_kernel.bench.competitors", SGLANG,
+                                    reason=f"discovery failed: {_why(e)}"))
     missing = [v for v in source_versions if v not in {t[0] for t in trees}]
     for v in missing:
         found.append(Competitor(op, f"sglang-{v} (sources)", sources.SOURCES_ENV, SGLANG,
