@@ -12,6 +12,7 @@
 // (2c + 8, 2c + 9) <- p + (2, 3); with the integer decode (which pairs bytes 0 / 2 and 1 / 3 of a word) they
 // are p + (0, 2) and p + (1, 3). The B operand (x) is stored in shared memory already in that order.
 #pragma once
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #ifdef __CUDACC__

@@ -313,22 +313,38 @@ __global__ void __launch_bounds__(kThreads, Cfg<MT, kMode>::kMinBlocks) fp8_line
   const float* tile0 = p.ws + ((int64_t)grp * p.splits * tiles + tile) * tile_part;
   const int64_t split_stride = (int64_t)tiles * tile_part;
   const int S = (int)p.splits;
-  for (int e = tid; e < M * kTileN; e += kThreads) {
-    const int tok = e / kTileN, r = e % kTileN;
+  for (int e = tid; e < M * (kTileN / 4); e += kThreads) {   // 4 rows per thread and pass (float4 partials)
+    const int tok = e / (kTileN / 4), r = 4 * (e % (kTileN / 4));
     const int64_t row = (int64_t)tile * kTileN + r;
     if (row >= p.N) continue;
-    const float* src = tile0 + e;
-    float sum = 0.f;
+    const float4* src = reinterpret_cast<const float4*>(tile0 + (int64_t)tok * kTileN + r);
+    const int64_t sstride = split_stride / 4;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
     int j = 0;
-    for (; j + 8 <= S; j += 8) {   // loads first, then the adds in split order
-      float v[8];
+    for (; j + 4 <= S; j += 4) {   // loads first, then the adds in split order
+      float4 v[4];
 #pragma unroll
-      for (int q = 0; q < 8; ++q) v[q] = __ldcg(src + (int64_t)(j + q) * split_stride);
+      for (int q = 0; q < 4; ++q) v[q] = __ldcg(src + (int64_t)(j + q) * sstride);
 #pragma unroll
-      for (int q = 0; q < 8; ++q) sum += v[q];
+      for (int q = 0; q < 4; ++q) {
+        sum.x += v[q].x;
+        sum.y += v[q].y;
+        sum.z += v[q].z;
+        sum.w += v[q].w;
+      }
     }
-    for (; j < S; ++j) sum += __ldcg(src + (int64_t)j * split_stride);
-    out[(int64_t)tok * p.out_stride_m + row] = __float2bfloat16_rn(sum + bias_at(p, row));
+    for (; j < S; ++j) {
+      const float4 v = __ldcg(src + (int64_t)j * sstride);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    __nv_bfloat16* o = out + (int64_t)tok * p.out_stride_m + row;
+    const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (row + q < p.N) o[q] = __float2bfloat16_rn(sv[q] + bias_at(p, row + q));
   }
 }
 
