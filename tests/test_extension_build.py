@@ -204,8 +204,9 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
 def test_fp8_linear_resources_sm120a(tmp_path):
     """The FP8 linear decode kernel: 6 token-tile counts x 3 scale forms x 2 weight decodes = 36 instances, no spills
     (checked in _compile_sm120a), 16 B of static shared memory (the last-block flag) beside the dynamic x pieces
-    (kernel.cuh Cfg: 2 buffers x ring x MT x 2 KB + the scales, <= 101376 B), and the registers of the blocks per SM
-    the split rule assumes (ops/fp8_linear/dispatch.blocks_per_sm: 2 x 256 threads -> <= 128)."""
+    (kernel.cuh Cfg: 3 buffers x ring x MT x 2 KB + the scales, <= 101376 B), and the registers and shared memory of
+    the blocks per SM the split rule assumes (ops/fp8_linear/dispatch.blocks_per_sm: 2 x 256 threads -> <= 128
+    registers, and within an SM120 SM's 100 KB)."""
     seen = _compile_sm120a(tmp_path, "fp8_linear/fp8_linear.cu")
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()})
     from deepseek_v4_kernel.ops.fp8_linear import dispatch
@@ -217,9 +218,12 @@ def test_fp8_linear_resources_sm120a(tmp_path):
         mt, mode = int(mt), int(mode)
         got.add((mt, mode, cvt))
         ring = dispatch.ring_steps(mt)
-        dyn = 2 * ring * mt * 4 * 32 * 16 + 2 * ring * mt * 8 * 4
+        dyn = 3 * ring * mt * 4 * 32 * 16 + 2 * ring * mt * 8 * 4
+        per_sm = dispatch.blocks_per_sm(mt, mode)
         assert static_smem <= 16 and static_smem + dyn <= SMEM_LIMIT, (name, static_smem, dyn)
-        assert regs * 256 * dispatch.blocks_per_sm(mt, mode) <= 65536, (name, regs)
+        assert regs * 256 * per_sm <= 65536, (name, regs)
+        # SM120: 100 KB of shared memory per SM, 1 KB reserved per block
+        assert per_sm * (static_smem + dyn + 1024) <= 100 * 1024, (name, per_sm, dyn)
     assert got == {(m, s, c) for m in dispatch.TILE_COUNTS for s in range(3) for c in "01"}, got
 
 

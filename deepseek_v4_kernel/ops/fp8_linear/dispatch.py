@@ -38,11 +38,11 @@ def token_tiles(M: int) -> int:
 
 
 def ring_steps(mt: int) -> int:
-    return 3 if mt <= 3 else 2
+    return 3 if mt <= 2 else 2
 
 
 def blocks_per_sm(mt: int, mode: int) -> int:
-    return 2 if mt <= 2 or (mt <= 4 and mode != MODE_PACKED) else 1
+    return 2 if mt <= 3 or (mt == 4 and mode != MODE_PACKED) else 1
 
 
 def scale_mode_of(dtype) -> Optional[int]:
