@@ -8,7 +8,6 @@ final bf16 rounding (<= 2^-9 |ref|). With A = |x| @ |W_real|^T (float64), per el
     |out - ref| <= 2^-8 |ref| + 2^-14 A.
 A wrong K step, row, token or scale is off by O(A) and fails it.
 """
-import math
 
 import pytest
 import torch

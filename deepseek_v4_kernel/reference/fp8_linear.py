@@ -53,7 +53,7 @@ def unpack_ue8m0_deepgemm(packed: torch.Tensor, K: int) -> torch.Tensor:
 
 def row_scales_f64(scale: torch.Tensor, N: int, K: int, block_size: Sequence[int] = (128, 128)) -> torch.Tensor:
     """Any accepted scale form -> float64 [.., N, ceil(K / bk)]: the scale of (row n, K block)."""
-    bn, bk = int(block_size[0]), int(block_size[1])
+    bn = int(block_size[0])
     if scale.dtype == torch.int32:
         return _ue8m0_to_f64(unpack_ue8m0_deepgemm(scale, K))
     if scale.dtype == torch.float32:
