@@ -204,7 +204,7 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
 def test_fp8_linear_resources_sm120a(tmp_path):
     """The FP8 linear decode kernel: 6 token-tile counts x 3 scale forms x 2 weight decodes = 36 instances, no spills
     (checked in _compile_sm120a), 16 B of static shared memory (the last-block flag) beside the dynamic x pieces
-    (kernel.cuh Cfg: 3 buffers x ring x MT x 2 KB + the scales, <= 101376 B), and the registers and shared memory of
+    (kernel.cuh Cfg: 3 buffers x piece steps x MT x 2 KB + the scales, <= 101376 B), and the registers and shared memory of
     the blocks per SM the split rule assumes (ops/fp8_linear/dispatch.blocks_per_sm: 2 x 256 threads -> <= 128
     registers, and within an SM120 SM's 100 KB)."""
     seen = _compile_sm120a(tmp_path, "fp8_linear/fp8_linear.cu")
@@ -217,8 +217,8 @@ def test_fp8_linear_resources_sm120a(tmp_path):
         mt, mode, cvt = re.search(r"fp8_linear_kernelILi(\d+)ELi(\d)ELb([01])E", name).groups()
         mt, mode = int(mt), int(mode)
         got.add((mt, mode, cvt))
-        ring = dispatch.ring_steps(mt)
-        dyn = 3 * ring * mt * 4 * 32 * 16 + 2 * ring * mt * 8 * 4
+        piece = dispatch.piece_steps(mt)
+        dyn = 3 * piece * mt * 4 * 32 * 16 + 2 * piece * mt * 8 * 4
         per_sm = dispatch.blocks_per_sm(mt, mode)
         assert static_smem <= 16 and static_smem + dyn <= SMEM_LIMIT, (name, static_smem, dyn)
         assert regs * 256 * per_sm <= 65536, (name, regs)

@@ -31,11 +31,11 @@ gpu = pytest.mark.gpu
 # ----------------------------------------------------------------------------- helpers
 def make_weight(N, K, form, device, groups=None, seed=0):
     """Real weights (per-block magnitudes spread over several binades) -> e4m3 + scales in the given form."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     lead = () if groups is None else (groups,)
-    w = torch.randn(*lead, N, K, generator=g) * 0.02
+    w = torch.randn(*lead, N, K, generator=g, device=device) * 0.02
     nb, kb = -(-N // 128), K // 128
-    mag = torch.exp2(torch.randint(-3, 4, (*lead, nb, kb), generator=g).float())
+    mag = torch.exp2(torch.randint(-3, 4, (*lead, nb, kb), generator=g, device=device).float())
     w = w * mag.repeat_interleave(128, -2)[..., :N, :].repeat_interleave(128, -1)
     q, s = quantize_block_fp8(w, ue8m0=form != "f32")
     if form == "e8m0fnu":
@@ -44,14 +44,7 @@ def make_weight(N, K, form, device, groups=None, seed=0):
         s = s.view(torch.float8_e8m0fnu)
     elif form == "packed":
         s = pack_ue8m0_deepgemm(s, N)
-    return q.to(device), s.to(device) if form != "packed" else _to(s, device)
-
-
-def _to(packed, device):
-    """Move a packed scale tensor keeping its MN-major strides (as DeepGEMM's layout has them)."""
-    out = torch.empty_strided(packed.shape, packed.stride(), dtype=packed.dtype, device=device)
-    out.copy_(packed)
-    return out
+    return q, s
 
 
 def make_x(M, K, device, seed=0, groups=None, row_stride=None):
@@ -235,7 +228,9 @@ def test_token_tile_mirror_of_the_kernel():
     assert [disp.token_tiles(m) for m in (1, 8, 9, 16, 17, 24, 25, 32, 33, 48, 49, 64)] == \
         [1, 1, 2, 2, 3, 3, 4, 4, 6, 6, 8, 8]
     hdr = open(os.path.join(csrc, "kernel.cuh")).read()
-    assert "kRing = MT <= 2 ? 3 : 2;" in hdr
+    assert "kRing = (MT <= 2 || MT >= 5) ? 3 : 2;" in hdr and "kPiece = MT <= 2 ? 3 : MT <= 4 ? 2 : 1;" in hdr
+    assert [disp.ring_steps(t) for t in disp.TILE_COUNTS] == [3, 3, 2, 2, 3, 3]
+    assert [disp.piece_steps(t) for t in disp.TILE_COUNTS] == [3, 3, 2, 2, 1, 1]
     assert "kMinBlocks = (MT <= 3 || (MT == 4 && kMode != 2)) ? 2 : 1;" in hdr
 
 
@@ -273,7 +268,7 @@ def test_strided_x_rows():
 
 
 @gpu
-@pytest.mark.parametrize("tp", TP_SIZES)
+@pytest.mark.parametrize("tp", TP_SIZES, ids=lambda tp: f"tp{tp}")
 def test_every_model_shape(tp):
     for sh in model_shapes(tp):
         for M, form in ((1, "f32"), (5, "packed"), (16, "ue8m0")):

@@ -8,7 +8,7 @@
 //    instruction pair), weights read once, straight into registers (ld.global.nc.L1::no_allocate.L2::256B, a ring
 //    of kRing steps, kRing - 1 ahead), decoded to f16 exactly (cvt.rn.f16x2.e4m3x2, or integer ops: kIntCvt).
 //  * x is never quantized: each block converts its K range of x to f16 in shared memory, once for its 128 rows,
-//    with one power-of-two scale per (token, 128-K group) (exact, fragments.cuh), in pieces of kRing steps
+//    with one power-of-two scale per (token, 128-K group) (exact, fragments.cuh), in pieces of kPiece steps
 //    (double-buffered, one __syncthreads per piece; the next piece's bf16 staged by cp.async meanwhile), already in
 //    the MMA's B-fragment order (one LDS.128 per lane, token tile and two MMAs).
 //  * Per 128-K step the fp32 partial of the step is scaled once: acc += w_scale[row] * 2^-s[token] * partial.
@@ -35,20 +35,25 @@ constexpr int kTileN = DSV4_FP8_LINEAR_TILE_N;   // rows per block: 16 per warp
 constexpr int kStepK = 128;                      // K per step = one scale block
 static_assert(kTileN == 16 * kWarps, "one m16 tile per warp");
 
-// Ring depth = steps per x piece, per token tiles: registers (16 per step in the ring) against the shared memory
-// (3 piece buffers of kRing x MT x 2 KB: two f16, one raw bf16 staging). MT 1-2: 3 steps (2 in flight: 4 KB per
-// warp, 64 KB per SM at 2 blocks; 4 steps took 122-128 registers and spilled with packed scales at 2 blocks per SM
-// on sm_120a); MT 3-8: 2 (3 steps spilled 4-36 B at MT 3-4, and 2 blocks of MT 3 with 3 steps would need 110 KB of
-// shared memory: an SM120 SM has 100 KB).
+// Ring depth kRing (weight steps in registers, kRing - 1 ahead: 16 registers per step) and x piece size kPiece
+// (steps of x per shared-memory piece; 3 piece buffers of kPiece x MT x 2 KB: two f16, one raw bf16 staging), per
+// token tiles:
+//   MT 1-2: ring 3, piece 3 (2 steps = 4 KB in flight per warp, 64 KB per SM at 2 blocks; a ring of 4 took 122-128
+//           registers and spilled with packed scales at 2 blocks per SM on sm_120a);
+//   MT 3-4: ring 2, piece 2 (a ring of 3 spilled 4-36 B within the 128 registers of 2 blocks per SM; 2 blocks of
+//           MT 3 with 3-step pieces would need 110 KB of shared memory: an SM120 SM has 100 KB);
+//   MT 6-8: ring 3, piece 1 (1 block per SM, up to 255 registers: the ring keeps 32 KB per SM in flight, the pieces
+//           stay within 48 KB; one __syncthreads per step, each step being >= 48 MMAs per warp).
 template <int MT, int kMode>
 struct Cfg {
-  static constexpr int kRing = MT <= 2 ? 3 : 2;
+  static constexpr int kRing = (MT <= 2 || MT >= 5) ? 3 : 2;
+  static constexpr int kPiece = MT <= 2 ? 3 : MT <= 4 ? 2 : 1;
   // 2 x 256 threads per SM: <= 128 registers (and <= 50 KB of shared memory each on SM120). MT 4 with the packed
   // per-row scales (mode 2: two scale words per step) spilled 8-28 B within 128 (sm_120a, nvcc 13.0): 1 block.
   static constexpr int kMinBlocks = (MT <= 3 || (MT == 4 && kMode != 2)) ? 2 : 1;
-  static constexpr int kPieceU4 = kRing * MT * 4 * 32; // uint4 of one x piece (f16 fragments; = its raw bf16 chunks)
+  static constexpr int kPieceU4 = kPiece * MT * 4 * 32; // uint4 of one x piece (f16 fragments; = its raw bf16 chunks)
   // two f16 piece buffers, the raw bf16 staging of the next piece (cp.async), two pieces' 2^-s per token
-  static constexpr int kSmemBytes = 3 * kPieceU4 * 16 + 2 * kRing * MT * 8 * 4;
+  static constexpr int kSmemBytes = 3 * kPieceU4 * 16 + 2 * kPiece * MT * 8 * 4;
 };
 
 // ---- loads ------------------------------------------------------------------------------------------------------
@@ -120,7 +125,7 @@ __device__ __forceinline__ void step_scales(const WStep<kMode>& st, int kb, floa
 // ---- x -> f16 B fragments in shared memory ----------------------------------------------------------------------
 // Piece layout: xs[step slot][token tile][piece i][lane] uint4 (lane-contiguous: conflict-free LDS.128), and
 // xinv[step slot][token] the 2^-s of each token's group. One thread per 8-value chunk (unit u: chunk j = u % 16 of
-// step slot (u / 16) % R of token u / 16R): the 16 chunks of one (token, step) group are 16 consecutive threads
+// step slot (u / 16) % P of token u / 16P, P = kPiece): the 16 chunks of one (token, step) group are 16 consecutive threads
 // (half a warp), which reduce their max |x| by shuffles. The raw bf16 chunks of the next piece are staged by
 // cp.async into raw[u] while the current piece computes (each thread converts the units it copied, so its own
 // cp.async.wait_all is the only wait needed): the x latency (L2) is paid once per block, not once per piece.
@@ -133,7 +138,7 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 template <int MT, int kMode>
 __device__ __forceinline__ void stage_x_piece(const Fp8LinearParams& p, uint4* raw, int kb0, int nsub) {
-  constexpr int R = Cfg<MT, kMode>::kRing;
+  constexpr int R = Cfg<MT, kMode>::kPiece;
   constexpr int kUnits = MT * 8 * R * 16;
   const __nv_bfloat16* xg = reinterpret_cast<const __nv_bfloat16*>(p.x) + (int64_t)blockIdx.z * p.x_stride_g;
 #pragma unroll 1
@@ -149,7 +154,7 @@ __device__ __forceinline__ void stage_x_piece(const Fp8LinearParams& p, uint4* r
 template <int MT, int kMode, bool kIntCvt>
 __device__ __forceinline__ void convert_x_piece(const Fp8LinearParams& p, const uint4* raw, uint4* xs, float* xinv,
                                                 int nsub) {
-  constexpr int R = Cfg<MT, kMode>::kRing;
+  constexpr int R = Cfg<MT, kMode>::kPiece;
   constexpr int kUnits = MT * 8 * R * 16;
   const int lane = threadIdx.x & 31;
   const unsigned half_mask = 0xFFFFu << (lane & 16);
@@ -245,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<MT, kMode>::kMinBlocks) fp8_line
   constexpr int R = Cfg<MT, kMode>::kRing;
   extern __shared__ uint4 smem[];
   uint4* xs_base = smem;                                                      // [2][kPieceU4] + raw [kPieceU4]
-  float* xinv_base = reinterpret_cast<float*>(smem + 3 * Cfg<MT, kMode>::kPieceU4);   // [2][R][MT * 8]
+  float* xinv_base = reinterpret_cast<float*>(smem + 3 * Cfg<MT, kMode>::kPieceU4);   // [2][kPiece][MT * 8]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int tile = blockIdx.x, split = blockIdx.y, grp = blockIdx.z;
   const int tiles = gridDim.x;
@@ -282,27 +287,29 @@ __global__ void __launch_bounds__(kThreads, Cfg<MT, kMode>::kMinBlocks) fp8_line
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
 
-  const int npieces = (nsteps + R - 1) / R;
+  constexpr int P = Cfg<MT, kMode>::kPiece;
+  const int npieces = (nsteps + P - 1) / P;
   uint4* raw = xs_base + 2 * Cfg<MT, kMode>::kPieceU4;
-  stage_x_piece<MT, kMode>(p, raw, q0, min(R, nsteps));
-  cp_async_wait_all();
+  stage_x_piece<MT, kMode>(p, raw, q0, min(P, nsteps));
 #pragma unroll 1
-  for (int pc = 0; pc < npieces; ++pc) {
-    const int buf = pc & 1;
-    uint4* xs = xs_base + buf * Cfg<MT, kMode>::kPieceU4;
-    float* xinv = xinv_base + buf * R * MT * 8;
-    convert_x_piece<MT, kMode, kIntCvt>(p, raw, xs, xinv, min(R, nsteps - pc * R));
-    __syncthreads();   // (double buffer: a warp writing piece pc + 2 has passed this barrier of piece pc + 1)
-    if (pc + 1 < npieces)   // raw is free again: every thread converted its units of piece pc before the barrier
-      stage_x_piece<MT, kMode>(p, raw, q0 + (pc + 1) * R, min(R, nsteps - (pc + 1) * R));
+  for (int i0 = 0; i0 < nsteps; i0 += R) {
 #pragma unroll
     for (int s = 0; s < R; ++s) {
-      const int i = pc * R + s;
+      const int i = i0 + s;
+      const int pc = i / P, slot = i - pc * P;
+      if (i < nsteps && slot == 0) {   // (block-uniform) next x piece: convert, publish, stage the one after
+        cp_async_wait_all();
+        convert_x_piece<MT, kMode, kIntCvt>(p, raw, xs_base + (pc & 1) * Cfg<MT, kMode>::kPieceU4,
+                                            xinv_base + (pc & 1) * P * MT * 8, min(P, nsteps - i));
+        __syncthreads();   // (double buffer: a thread writing piece pc + 2 has passed this barrier of piece pc + 1)
+        if (pc + 1 < npieces)   // raw is free again: every thread converted its units of piece pc before the barrier
+          stage_x_piece<MT, kMode>(p, raw, q0 + i + P, min(P, nsteps - i - P));
+      }
       if (i + R - 1 < nsteps) load_step<kMode>(ring[(s + R - 1) % R], rows, p, i + R - 1, q0 + i + R - 1);
       if (i < nsteps)
-        compute_step<MT, kMode, kIntCvt>(acc, ring[s], xs + s * MT * 4 * 32, xinv + s * MT * 8, q0 + i);
+        compute_step<MT, kMode, kIntCvt>(acc, ring[s], xs_base + (pc & 1) * Cfg<MT, kMode>::kPieceU4 + slot * MT * 4 * 32,
+                                         xinv_base + (pc & 1) * P * MT * 8 + slot * MT * 8, q0 + i);
     }
-    cp_async_wait_all();
   }
 
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out) + (int64_t)grp * p.out_stride_g;

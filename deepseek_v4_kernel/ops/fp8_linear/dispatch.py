@@ -27,8 +27,8 @@ BLOCK_OVERHEAD_STEPS = 1.0
 PARTIAL_COST_PER_TOKEN = 0.03
 INFLIGHT_NEED_KB = 40.0
 
-# Mirror of csrc/fp8_linear (fp8_linear.cu kTileCounts, kernel.cuh Cfg): token tiles per M, ring depth and
-# blocks per SM of each instance (tests/test_extension_build.py checks the registers behind the blocks per SM).
+# Mirror of csrc/fp8_linear (fp8_linear.cu kTileCounts, kernel.cuh Cfg): token tiles per M, ring depth, x piece
+# steps and blocks per SM of each instance (tests/test_extension_build.py checks the registers behind the blocks per SM).
 TILE_COUNTS = (1, 2, 3, 4, 6, 8)
 
 
@@ -38,7 +38,11 @@ def token_tiles(M: int) -> int:
 
 
 def ring_steps(mt: int) -> int:
-    return 3 if mt <= 2 else 2
+    return 3 if mt <= 2 or mt >= 5 else 2
+
+
+def piece_steps(mt: int) -> int:
+    return 3 if mt <= 2 else 2 if mt <= 4 else 1
 
 
 def blocks_per_sm(mt: int, mode: int) -> int:
