@@ -345,3 +345,33 @@ def test_gpu_fuzz(seed, monkeypatch):
         y, ref, A = run_linear(M, N, K, form, seed=seed, bias=r.random() < 0.5, out=r.random() < 0.5,
                                decode=r.choice(["cvt", "int"]))
         check(y, ref, A, desc)
+
+
+def test_constants_and_ctypes_mirror_match_params_h():
+    """MAX_M / TILE_N / MAX_SPLITS are params.h's, and the ctypes mirror lists its fields in order (the loader also
+    compares the struct sizes)."""
+    import re
+
+    from c_headers import header, struct_fields
+    from deepseek_v4_kernel._ext import Fp8LinearParams
+    src = header("fp8_linear")
+    consts = dict(re.findall(r"#define DSV4_FP8_LINEAR_(\w+) (\d+)", src))
+    assert int(consts["MAX_M"]) == disp.MAX_M and int(consts["TILE_N"]) == disp.TILE_N
+    assert int(consts["MAX_SPLITS"]) == disp.MAX_SPLITS
+    assert struct_fields(src, "Fp8LinearParams") == [f for f, _ in Fp8LinearParams._fields_]
+
+
+def test_c_abi_refuses_bad_sizes():
+    """dsv4_fp8_linear's own size checks (no device needed): splits past K / 128, K not a multiple of 128, M past 64,
+    a split without a workspace are refused with the error text naming them."""
+    import ctypes
+
+    from deepseek_v4_kernel import _ext
+    if not _ext.has_fp8_linear():
+        pytest.skip("the CUDA extension with fp8_linear is not built here (scripts/build_ext.sh)")
+    lib = _ext.load()
+    base = dict(M=1, N=256, K=256, G=1, splits=1, w_stride_n=256, x=16, w=16, scale=16, out=16)
+    for bad in (dict(splits=3), dict(K=200, w_stride_n=208), dict(M=65), dict(splits=2), dict(scale_mode=3)):
+        p = _ext.Fp8LinearParams(**{**base, **bad})
+        assert lib.dsv4_fp8_linear(ctypes.byref(p), None) != 0, bad
+        assert "fp8_linear: bad sizes" in _ext.last_error(), bad
