@@ -72,6 +72,20 @@ class HcPrenormParams(ctypes.Structure):
     ]
 
 
+class Fp8LinearParams(ctypes.Structure):
+    """Mirror of csrc/fp8_linear/params.h (every field 8 bytes; keep the order in sync)."""
+
+    _fields_ = [
+        ("x", _P), ("x_stride_m", _I), ("x_stride_g", _I),
+        ("w", _P), ("w_stride_n", _I), ("w_stride_g", _I),
+        ("scale", _P), ("s_stride_n", _I), ("s_stride_k", _I), ("s_stride_g", _I), ("scale_mode", _I),
+        ("bias", _P), ("bias_stride_g", _I),
+        ("out", _P), ("out_stride_m", _I), ("out_stride_g", _I),
+        ("ws", _P), ("counters", _P),
+        ("M", _I), ("N", _I), ("K", _I), ("G", _I), ("splits", _I), ("cvt_int", _I),
+    ]
+
+
 def _bind(lib, path, op, params):
     """Types of the C entry ``dsv4_<op>(const Params*, stream)``; checks that the library's parameter
     block (``dsv4_<op>_params_size``) has the size of the ctypes mirror."""
@@ -110,6 +124,8 @@ def load():
             _bind(lib, path, "fp4_moe_decode", Fp4MoeDecodeParams)
         if hasattr(lib, "dsv4_hc_prenorm"):   # likewise: has_hc_prenorm()
             _bind(lib, path, "hc_prenorm", HcPrenormParams)
+        if hasattr(lib, "dsv4_fp8_linear"):   # likewise: has_fp8_linear()
+            _bind(lib, path, "fp8_linear", Fp8LinearParams)
         _LIB = lib
         return lib
 
@@ -126,6 +142,14 @@ def has_hc_prenorm() -> bool:
     """The library loads and carries the hc_prenorm GEMM kernel."""
     try:
         return hasattr(load(), "dsv4_hc_prenorm")
+    except ExtensionUnavailable:
+        return False
+
+
+def has_fp8_linear() -> bool:
+    """The library loads and carries the block-scaled FP8 linear decode kernel."""
+    try:
+        return hasattr(load(), "dsv4_fp8_linear")
     except ExtensionUnavailable:
         return False
 

@@ -20,7 +20,7 @@ for a in $ARCHS; do
 done
 mkdir -p "$(dirname "$OUTPUT")"
 CSRC=${DSV4_CSRC:-$ROOT/csrc}
-SRCS=("$CSRC/api.cu" "$CSRC"/sparse_decode/*.cu "$CSRC"/fp4_moe/*.cu "$CSRC"/hc_prenorm/*.cu)
+SRCS=("$CSRC/api.cu" "$CSRC"/sparse_decode/*.cu "$CSRC"/fp4_moe/*.cu "$CSRC"/hc_prenorm/*.cu "$CSRC"/fp8_linear/*.cu)
 set -x
 "$NVCC" -shared -Xcompiler -fPIC -cudart static -O3 -std=c++17 --threads "${NVCC_THREADS:-2}" \
   "${GENCODE[@]}" -DDSV4_BUILD_ARCHS="\"$LIST\"" -I"$CSRC" ${DSV4_NVCC_FLAGS:-} \

@@ -1,4 +1,4 @@
-"""CPU-only: compile the extension's CUDA sources (sparse decode, fp4_moe decode, hc_prenorm) for sm_120a with
+"""CPU-only: compile the extension's CUDA sources (sparse decode, fp4_moe decode, hc_prenorm, fp8_linear) for sm_120a with
 nvcc --resource-usage and check shared memory (<= 101376 B per block on SM120), no register spills,
 and report registers."""
 import os
@@ -199,6 +199,51 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("OK "), r.stdout + r.stderr
     assert int(r.stdout.split()[1]) == 8 * 65536 + 2000
+
+
+def test_fp8_linear_resources_sm120a(tmp_path):
+    """The FP8 linear decode kernel: 6 token-tile counts x 3 scale forms x 2 weight decodes = 36 instances, no spills
+    (checked in _compile_sm120a), 16 B of static shared memory (the last-block flag) beside the dynamic x pieces
+    (kernel.cuh Cfg: 3 buffers x piece steps x MT x 2 KB + the scales, <= 101376 B), and the registers and shared memory of
+    the blocks per SM the split rule assumes (ops/fp8_linear/dispatch.blocks_per_sm: 2 x 256 threads -> <= 128
+    registers, and within an SM120 SM's 100 KB)."""
+    seen = _compile_sm120a(tmp_path, "fp8_linear/fp8_linear.cu")
+    print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()})
+    from deepseek_v4_kernel.ops.fp8_linear import dispatch
+    kern = {k: v for k, v in seen.items() if "fp8_linear_kernel" in k}
+    assert len(kern) == 36 and len(seen) == 36, list(seen)
+    got = set()
+    for name, (regs, static_smem) in kern.items():
+        mt, mode, cvt = re.search(r"fp8_linear_kernelILi(\d+)ELi(\d)ELb([01])E", name).groups()
+        mt, mode = int(mt), int(mode)
+        got.add((mt, mode, cvt))
+        piece = dispatch.piece_steps(mt)
+        dyn = 3 * piece * mt * 4 * 32 * 16 + 2 * piece * mt * 8 * 4
+        per_sm = dispatch.blocks_per_sm(mt, mode)
+        assert static_smem <= 16 and static_smem + dyn <= SMEM_LIMIT, (name, static_smem, dyn)
+        assert regs * 256 * per_sm <= 65536, (name, regs)
+        # SM120: 100 KB of shared memory per SM, 1 KB reserved per block
+        assert per_sm * (static_smem + dyn + 1024) <= 100 * 1024, (name, per_sm, dyn)
+    assert got == {(m, s, c) for m in dispatch.TILE_COUNTS for s in range(3) for c in "01"}, got
+
+
+def test_fp8_linear_bit_tricks_on_host(tmp_path):
+    """The FP8 linear kernel's bit-level pieces (csrc/fp8_linear/fragments.cuh), compiled and run on the CPU
+    (tests/host/fp8_linear_check.cu): the integer e4m3 -> f16 decode on every byte pair, the power-of-two bf16 -> f16
+    rescale of x on every bf16 value under group maxima of every exponent (exact within 2^28 of the max), and a model
+    of one warp step (fragment layouts of m16n8k16, the K permutation, both decodes) against a direct dot product.
+    The GPU tests of tests/test_fp8_linear.py check the kernel end to end."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (set NVCC)")
+    exe = tmp_path / "fp8_linear_check"
+    r = subprocess.run([nvcc, "-O2", "-std=c++17", "-I", os.path.join(ROOT, "csrc"),
+                        os.path.join(ROOT, "tests", "host", "fp8_linear_check.cu"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("OK "), r.stdout + r.stderr
+    assert int(r.stdout.split()[1]) > 8_000_000
 
 
 def test_hc_stream_probe_builds_for_sm120a(tmp_path):
