@@ -17,8 +17,8 @@
 //
 // gemm2's combine without a fence per item (a fence would wait for the ring's loads in flight): after its last item
 // every thread fences once; then one warp per group counts, per (token, 32-column tile), the slots it finished
-// (int32 counters zeroed by gemm1); the lane that completes a token's valid slots sums that token's tile (fixed k
-// order) and writes it. Tokens without a valid slot are zeroed by the grid. No spin waits anywhere (no co-residency
+// (int32 counters zeroed by gemm1); the warp whose count completes a token's valid slots sums that token's tile
+// (fixed k order) and writes it. Tokens without a valid slot are zeroed by the grid. No spin waits anywhere (no co-residency
 // assumption), no atomics whose order reaches a result.
 //
 // PDL: gemm1 waits before reading anything (ids, x) and then lets gemm2 in; gemm2 routes (topk_ids were written
@@ -46,17 +46,34 @@ struct Routing {
   int pass[kMaxPasses];        // expert | col_off << 10 | (ncols - 1) << 21
   int warp_sum[kWarps];
   int n_passes;
-  int n_valid;
 };
 
 struct Item {
   int e, off, n, n0;   // expert, first column in cols[], columns (1..8), first weight row
 };
 
-__device__ __forceinline__ Item item_of(const Routing& R, int i, int tiles, int rows_per_tile) {
-  const int v = i / tiles, tile = i - v * tiles;
+__device__ __forceinline__ Item item_at(const Routing& R, int v, int tile, int rows_per_tile) {
   const int pk = R.pass[v];
   return {pk & 1023, (pk >> 10) & 2047, ((pk >> 21) & 7) + 1, tile * rows_per_tile};
+}
+
+__device__ __forceinline__ Item item_of(const Routing& R, int i, int tiles, int rows_per_tile) {
+  const int v = i / tiles;
+  return item_at(R, v, i - v * tiles, rows_per_tile);
+}
+
+// Item i = v * tiles + tile of a group, stepped by the grid's group count G without a division per item.
+struct ItemCursor {
+  int v, tile;
+};
+
+__device__ __forceinline__ void advance(ItemCursor& ic, int g_div, int g_mod, int tiles) {
+  ic.v += g_div;
+  ic.tile += g_mod;
+  if (ic.tile >= tiles) {
+    ic.tile -= tiles;
+    ++ic.v;
+  }
 }
 
 // Every thread of the block calls it once.
@@ -111,7 +128,6 @@ __device__ __forceinline__ void route(const Fp4MoeDecodeParams& p, Routing& R) {
     }
   }
   if (tid == 0) {
-    R.n_valid = total >> 16;
     R.n_passes = total & 0xFFFF;
   }
   __syncthreads();
@@ -164,43 +180,26 @@ __device__ __forceinline__ void group_bar(const Groups& gr) {
   }
 }
 
-// out[t, n0 .. n0 + 32) = rsf * sum_k w[t,k] y[t*topk+k, ...], one lane (the one that completed the token's tile).
-__device__ __forceinline__ void combine_token_tile(const Fp4MoeDecodeParams& p, const Routing& R, int t, int n0) {
-  float acc[DSV4_FP4_MOE_GEMM2_TILE];
+// out[t, n0 .. n0 + 32) = rsf * sum_k w[t,k] y[t*topk+k, ...] by the whole warp (lane = column: 128-byte loads),
+// the token's y values loaded 8 slots at a time before they are summed (one L2 round trip for top-k <= 8).
+__device__ __forceinline__ void combine_token_tile(const Fp4MoeDecodeParams& p, const Routing& R, int t, int n0,
+                                                   int lane) {
+  float acc = 0.f;
+  const int topk = (int)p.topk;
+  for (int k0 = 0; k0 < topk; k0 += 8) {
+    float v[8], w[8];
 #pragma unroll
-  for (int i = 0; i < DSV4_FP4_MOE_GEMM2_TILE; ++i) acc[i] = 0.f;
-  for (int k = 0; k < p.topk; ++k) {   // fixed order: bit-identical across runs
-    const int slot = t * (int)p.topk + k;
-    if (R.expert[slot] < 0) continue;
-    const float w = topk_weight(p, slot);
-    const float4* yp = reinterpret_cast<const float4*>(p.y + (int64_t)slot * p.hidden + n0);
-#pragma unroll
-    for (int q = 0; q < DSV4_FP4_MOE_GEMM2_TILE / 4; ++q) {
-      const float4 v = __ldcg(yp + q);
-      acc[4 * q] += w * v.x;
-      acc[4 * q + 1] += w * v.y;
-      acc[4 * q + 2] += w * v.z;
-      acc[4 * q + 3] += w * v.w;
+    for (int i = 0; i < 8; ++i) {
+      const int slot = t * topk + k0 + i;
+      const bool ok = k0 + i < topk && R.expert[slot] >= 0;
+      w[i] = ok ? topk_weight(p, slot) : 0.f;
+      v[i] = ok ? __ldcg(p.y + (int64_t)slot * p.hidden + n0 + lane) : 0.f;
     }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)   // fixed order: bit-identical across runs
+      if (k0 + i < topk) acc += w[i] * v[i];
   }
-  const float rsf = (float)p.rsf;
-  __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(p.out) + (int64_t)t * p.out_stride + n0;
-  if ((reinterpret_cast<uintptr_t>(o) & 15u) == 0) {
-#pragma unroll
-    for (int q = 0; q < DSV4_FP4_MOE_GEMM2_TILE / 8; ++q) {
-      uint4 v;
-      uint32_t* u = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 b = __floats2bfloat162_rn(acc[8 * q + 2 * i] * rsf, acc[8 * q + 2 * i + 1] * rsf);
-        u[i] = *reinterpret_cast<const uint32_t*>(&b);
-      }
-      reinterpret_cast<uint4*>(o)[q] = v;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < DSV4_FP4_MOE_GEMM2_TILE; ++i) o[i] = __float2bfloat16_rn(acc[i] * rsf);
-  }
+  reinterpret_cast<__nv_bfloat16*>(p.out)[(int64_t)t * p.out_stride + n0 + lane] = __float2bfloat16_rn(acc * (float)p.rsf);
 }
 
 // kGemm 1 / 2; kSt weight steps in the register ring (kSt - 1 in flight); kMinB blocks per SM (launch bounds).
@@ -232,15 +231,15 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
   const void* scales = kGemm == 1 ? p.s13 : p.s2;
   const int topk = (int)p.topk;
 
-  auto rows_of = [&](int k) -> Rows {
-    const Item it = item_of(R, gr.gid + k * gr.G, tiles, kTileRows);
+  const int g_div = gr.G / tiles, g_mod = gr.G - g_div * tiles;
+  const ItemCursor first = {gr.gid / tiles, gr.gid - (gr.gid / tiles) * tiles};
+  auto rows_at = [&](const ItemCursor& ic) -> Rows {
+    const Item it = item_at(R, ic.v, ic.tile, kTileRows);
     return kGemm == 1 ? gemm1_rows(p, it.e, it.n0, g) : gemm2_rows(p, it.e, it.n0, g);
   };
-  // this lane's B row (x or h of its column's slot) at the warp's first K step of item k; nullptr: no column
-  auto brow_of = [&](int k) -> const __nv_bfloat16* {
-    if (k >= nmy) return nullptr;
-    const Item it = item_of(R, gr.gid + k * gr.G, tiles, kTileRows);
-    if (g >= it.n) return nullptr;
+  // this lane's B row (x or h of its column's slot) at the warp's first K step of an item; nullptr: no column
+  auto brow_at = [&](const Item& it, bool exists) -> const __nv_bfloat16* {
+    if (!exists || g >= it.n) return nullptr;
     const int slot = R.cols[it.off + g];
     const __nv_bfloat16* row =
         kGemm == 1 ? reinterpret_cast<const __nv_bfloat16*>(p.x) + (int64_t)(slot / topk) * p.x_stride
@@ -250,13 +249,15 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
 
   WeightStep ring[kSt];
   Rows lrows;
+  ItemCursor lic = first;   // the load cursor: item lk, K step ls of it
   int lk = 0, ls = 0;
-  if (J > 0) lrows = rows_of(0);
+  if (J > 0) lrows = rows_at(lic);
   auto load_next = [&](WeightStep& st) {
     load_weights<kScaleF32>(st, lrows, scales, gr.gq + ls * gr.wpi, c);
     if (++ls == spw) {
       ls = 0;
-      if (++lk < nmy) lrows = rows_of(lk);
+      advance(lic, g_div, g_mod, tiles);
+      if (++lk < nmy) lrows = rows_at(lic);
     }
   };
 #pragma unroll
@@ -264,8 +265,16 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
     if (t < J) load_next(ring[t]);
   if (kGemm == 2) pdl_wait();   // h comes from gemm1
 
+  // the compute cursor: item ck (cic), K step cs of it; bnext_item: this lane's B row of item ck + 1
   const int bstride = gr.wpi * kStepK;
-  const __nv_bfloat16* bcur = brow_of(0);
+  ItemCursor cic = first;
+  const __nv_bfloat16* bcur = nmy > 0 ? brow_at(item_at(R, cic.v, cic.tile, kTileRows), true) : nullptr;
+  const __nv_bfloat16* bnext_item = nullptr;
+  if (nmy > 1) {
+    ItemCursor n2 = cic;
+    advance(n2, g_div, g_mod, tiles);
+    bnext_item = brow_at(item_at(R, n2.v, n2.tile, kTileRows), true);
+  }
   OperandStep op;
   load_operand(op, bcur, 0, 0);
   float acc[kTiles][4];
@@ -276,10 +285,9 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
   const int gt = gr.gq * 32 + lane, gthreads = 32 * gr.wpi, w0 = warp - gr.gq;
   const float limit = (float)p.swiglu_limit;
 
-  auto epilogue = [&](int k) {
+  auto epilogue = [&](const Item& it) {
     store_partials(part[warp], acc, g, c);
     group_bar(gr);
-    const Item it = item_of(R, gr.gid + k * gr.G, tiles, kTileRows);
     if (kGemm == 1) {
       __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(p.h);
       for (int pr = gt; pr < kGemm1Rows * kCols; pr += gthreads) {
@@ -321,17 +329,24 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
         const bool item_end = cs + 1 == spw;
         // B of the next step: this item's next K step, or the next item's first (stale registers for a lane
         // without a column there: that column's accumulators are never stored, and MMA columns are independent)
-        const __nv_bfloat16* bnext = item_end ? brow_of(ck + 1) : (bcur != nullptr ? bcur + (cs + 1) * bstride : nullptr);
+        const __nv_bfloat16* bnext = item_end ? bnext_item : (bcur != nullptr ? bcur + (cs + 1) * bstride : nullptr);
         compute_step(acc, ring[s], op, bnext);
         if (item_end) {
-          epilogue(ck);
+          epilogue(item_at(R, cic.v, cic.tile, kTileRows));
 #pragma unroll
           for (int t = 0; t < kTiles; ++t)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
           cs = 0;
           ++ck;
-          bcur = bnext;
+          advance(cic, g_div, g_mod, tiles);
+          bcur = bnext_item;
+          bnext_item = nullptr;
+          if (ck + 1 < nmy) {
+            ItemCursor n2 = cic;
+            advance(n2, g_div, g_mod, tiles);
+            bnext_item = brow_at(item_at(R, n2.v, n2.tile, kTileRows), true);
+          }
         } else {
           ++cs;
         }
@@ -361,13 +376,15 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
           }
         }
       }
-      if (last_bits != 0) __threadfence();   // acquire: the other warps' y of this token's tile
+      if (__any_sync(0xffffffffu, last_bits != 0)) __threadfence();   // acquire: the other warps' y of these tiles
 #pragma unroll 1
       for (int r = 0; r < 8; ++r) {
-        if (last_bits & (1u << r)) {
-          const int k = kb + 4 * r + (lane >> 3), col = lane & 7;
-          const Item it = item_of(R, gr.gid + k * gr.G, tiles, kGemm2Rows);
-          combine_token_tile(p, R, R.cols[it.off + col] / topk, it.n0);
+        unsigned m = __ballot_sync(0xffffffffu, (last_bits >> r) & 1u);
+        while (m != 0) {   // each completed (token, tile) by the whole warp
+          const int src = __ffs(m) - 1;
+          m &= m - 1;
+          const Item it = item_of(R, gr.gid + (kb + 4 * r + (src >> 3)) * gr.G, tiles, kGemm2Rows);
+          combine_token_tile(p, R, R.cols[it.off + (src & 7)] / topk, it.n0, lane);
         }
       }
     }
