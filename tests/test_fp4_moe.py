@@ -628,7 +628,7 @@ def test_cuda_stream(case, variant):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wpi1,wpi2,bps", [(1, 1, 0), (2, 4, 1), (4, 2, 2), (4, 4, 0)])
-@pytest.mark.parametrize("M", [1, 5, 40])
+@pytest.mark.parametrize("M", [1, 40])
 def test_cuda_stream_groups_and_grid(M, wpi1, wpi2, bps):
     """Every warps-per-item choice and a grid capped to 1-2 blocks per SM (each group then takes many items) give
     the reference's result, and the same bits whatever the grid (only the K split among a group's warps changes the
