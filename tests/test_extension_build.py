@@ -204,7 +204,8 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
     """The cuda_decode kernels' e2m1 -> bf16 bit trick, compiled from kernel.cuh and run on the CPU:
     every byte pair in every position decodes to exactly e2m1 * 2^-126, and a model of one step's K
     permutation (A halves vs the B halves the kernel selects with prmt) gives the exact dot product
-    (tests/host/fp4_decode_check.cu). The GPU tests of test_fp4_moe.py check the kernels end to end."""
+    (tests/host/fp4_decode_check.cu); and the streaming kernels' division-free item cursor. The GPU tests of
+    test_fp4_moe.py check the kernels end to end."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC)")
@@ -215,7 +216,7 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
     assert r.returncode == 0, r.stderr
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("OK "), r.stdout + r.stderr
-    assert int(r.stdout.split()[1]) == 8 * 65536 + 2000
+    assert int(r.stdout.split()[1]) == 8 * 65536 + 2000 + 1000
 
 
 def test_hc_stream_probe_builds_for_sm120a(tmp_path):

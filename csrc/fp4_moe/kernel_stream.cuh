@@ -67,7 +67,8 @@ struct ItemCursor {
   int v, tile;
 };
 
-__device__ __forceinline__ void advance(ItemCursor& ic, int g_div, int g_mod, int tiles) {
+// Host-callable: tests/host/fp4_decode_check.cu checks it against i / tiles, i % tiles on the CPU.
+__host__ __device__ __forceinline__ void advance(ItemCursor& ic, int g_div, int g_mod, int tiles) {
   ic.v += g_div;
   ic.tile += g_mod;
   if (ic.tile >= tiles) {
