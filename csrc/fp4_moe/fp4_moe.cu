@@ -82,8 +82,10 @@ cudaError_t launch_stream_variant(const Fp4MoeStreamParams& p, bool pdl, cudaStr
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess) return e;
-  StreamKernel k1 = p.d.s13_f32 ? fp4_moe_stream_kernel<true, 1, kSt, kMinB> : fp4_moe_stream_kernel<false, 1, kSt, kMinB>;
-  StreamKernel k2 = p.d.s2_f32 ? fp4_moe_stream_kernel<true, 2, kSt, kMinB> : fp4_moe_stream_kernel<false, 2, kSt, kMinB>;
+  StreamKernel k1 =
+      p.d.s13_f32 ? fp4_moe_stream_kernel<true, 1, kSt, kMinB> : fp4_moe_stream_kernel<false, 1, kSt, kMinB>;
+  StreamKernel k2 =
+      p.d.s2_f32 ? fp4_moe_stream_kernel<true, 2, kSt, kMinB> : fp4_moe_stream_kernel<false, 2, kSt, kMinB>;
   e = launch_stream_one(k1, p, p.d.inter / kGemm1Rows, p.d.hidden / kStepK, p.wpi1, nsm, dev, pdl, stream);
   if (e != cudaSuccess) return e;
   return launch_stream_one(k2, p, p.d.hidden / kGemm2Rows, p.d.inter / kStepK, p.wpi2, nsm, dev, pdl, stream);

@@ -18,8 +18,8 @@
 // gemm2's combine without a fence per item (a fence would wait for the ring's loads in flight): after its last item
 // every thread fences once; then one warp per group counts, per (token, 32-column tile), the slots it finished
 // (int32 counters zeroed by gemm1); the warp whose count completes a token's valid slots sums that token's tile
-// (fixed k order) and writes it. Tokens without a valid slot are zeroed by the grid. No spin waits anywhere (no co-residency
-// assumption), no atomics whose order reaches a result.
+// (fixed k order) and writes it. Tokens without a valid slot are zeroed by the grid. No spin waits anywhere (no
+// co-residency assumption), no atomics whose order reaches a result.
 //
 // PDL: gemm1 waits before reading anything (ids, x) and then lets gemm2 in; gemm2 routes (topk_ids were written
 // before gemm1 passed its wait) and issues its first weight steps before its own wait, then reads h.
@@ -200,7 +200,8 @@ __device__ __forceinline__ void combine_token_tile(const Fp4MoeDecodeParams& p, 
     for (int i = 0; i < 8; ++i)   // fixed order: bit-identical across runs
       if (k0 + i < topk) acc += w[i] * v[i];
   }
-  reinterpret_cast<__nv_bfloat16*>(p.out)[(int64_t)t * p.out_stride + n0 + lane] = __float2bfloat16_rn(acc * (float)p.rsf);
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
+  out[(int64_t)t * p.out_stride + n0 + lane] = __float2bfloat16_rn(acc * (float)p.rsf);
 }
 
 // kGemm 1 / 2; kSt weight steps in the register ring (kSt - 1 in flight); kMinB blocks per SM (launch bounds).
