@@ -23,8 +23,8 @@ SGLang's own weight preparation and call, where SGLang is importable): TP shards
 routing, checked against the float64 reference first; columns: µs, % of the weight floor, competitor / ours.
 
 usage: python benchmarks/bench_fp4_moe.py --out DIR [--quick] [--sweep] [--sweep-budget S]
-                                        [--impls dequant,dot_scaled,mxfp8,cuda_decode]
-                                        [--tokens 1,8,32] [--profile] [--no-baselines]
+                                        [--impls dequant,dot_scaled,mxfp8,cuda_decode,cuda_stream,cuda_stream_v1]
+                                        [--tokens 1,8,32] [--inter 1024] [--profile] [--no-baselines]
                                         [--vs marlin,flashinfer_sm120,flashinfer_sm90] [--vs-tp 1,2,4]
                                         [--vs-tokens 1,2,...,256] [--vs-impls default] [--vs-only] [--allow-jit]
 """
@@ -155,7 +155,14 @@ PREFILL_SWEEP = [_c(128, 64, 8, 3, BM=128), _c(64, 64, 4, 4, BM=64), _c(128, 64,
                  _c(64, 64, 4, 4, BM=128), _c(128, 64, 4, 4, BM=64), _c(128, 64, 8, 3, BM=64)]
 
 
+# names the bench takes for the streaming kernels' variants: impl "cuda_stream" with config={"stream": ...}
+STREAM_IMPLS = {"cuda_stream": None, "cuda_stream_v1": {"variant": 1}, "cuda_stream_w4": {"wpi1": 4, "wpi2": 4},
+                "cuda_stream_v1w4": {"variant": 1, "wpi1": 4, "wpi2": 4}}
+
+
 def run_ours(x, w, tw, ids, impl, out, config=None):
+    if impl in STREAM_IMPLS:
+        impl, config = "cuda_stream", ({"stream": STREAM_IMPLS[impl]} if STREAM_IMPLS[impl] else None)
     return op.fp4_moe(x, *w, tw, ids, swiglu_limit=LIMIT, routed_scaling_factor=RSF, impl=impl,
                       out=out, config=config)
 
@@ -176,6 +183,7 @@ def check_small(w, impls):
 
 
 def main():
+    global I   # --inter: the weights and the floor of a TP shard
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
@@ -183,12 +191,15 @@ def main():
     ap.add_argument("--sweep-budget", type=float, default=120.0)
     ap.add_argument("--sweep-set", default="wide", choices=["exact", "wide"],
                     help="exact: the exact impls at decode / mid / prefill sizes; wide: every impl and regime")
-    ap.add_argument("--impls", default="dequant,dot_scaled,mxfp8,cuda_decode")
+    ap.add_argument("--impls", default="dequant,dot_scaled,mxfp8,cuda_decode,cuda_stream",
+                    help="impls of fp4_moe, and the streaming kernels' variants " + ",".join(STREAM_IMPLS))
+    ap.add_argument("--inter", type=int, default=I, help="I (a TP shard of DeepSeek-V4-Flash's 2048: 1024, 512, 256)")
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: the table's)")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--profile", action="store_true", help="per-kernel times of each impl at <= 32 tokens")
     vs.add_args(ap)
     args = ap.parse_args()
+    I = args.inter
     os.makedirs(args.out, exist_ok=True)
     impls = args.impls.split(",")
     t_start = time.time()
@@ -225,6 +236,8 @@ def main():
         for impl in impls:
             if impl == "cuda_decode" and S > op.DECODE_MAX_SLOTS:
                 continue
+            if impl in STREAM_IMPLS and S > op.STREAM_MAX_SLOTS:
+                continue
             try:
                 us, graphed = timeit_graph(lambda: run_ours(x, w, tw, ids, impl, out),
                                            reps=10 if M <= 1024 else 2, iters=10 if M <= 1024 else 5)
@@ -238,7 +251,7 @@ def main():
                 if args.profile and M <= 32:
                     row[f"{impl}_kernels_us"] = kernel_times(lambda: run_ours(x, w, tw, ids, impl, out))
                     print(f"M={M} {impl} kernels (us):", {k: round(v, 1) for k, v in row[f"{impl}_kernels_us"].items()})
-                if M <= 32 and impl in ("dequant", "cuda_decode"):   # float32 scales, as SGLang keeps them
+                if M <= 32 and (impl == "dequant" or impl.startswith("cuda_")):   # float32 scales, as SGLang keeps them
                     row[f"{impl}_f32_scales_us"], _ = timeit_graph(
                         lambda: run_ours(x, w_f32, tw, ids, impl, out), reps=10, iters=10)
             except Exception as e:  # noqa: BLE001

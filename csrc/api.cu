@@ -11,6 +11,7 @@
 namespace dsv4 {
 cudaError_t launch_sparse_decode(const SparseDecodeParams& p, cudaStream_t stream);
 cudaError_t launch_fp4_moe_decode(const Fp4MoeDecodeParams& p, cudaStream_t stream);
+cudaError_t launch_fp4_moe_stream(const Fp4MoeStreamParams& p, cudaStream_t stream);
 cudaError_t launch_hc_prenorm(const HcPrenormParams& p, cudaStream_t stream);
 cudaError_t launch_fp8_linear(const Fp8LinearParams& p, cudaStream_t stream);
 }
@@ -107,6 +108,33 @@ int dsv4_fp4_moe_decode(const Fp4MoeDecodeParams* p, void* stream) {
     }
     return false;
   }, dsv4::launch_fp4_moe_decode);
+}
+
+int dsv4_fp4_moe_stream_params_size(void) { return (int)sizeof(Fp4MoeStreamParams); }
+
+int dsv4_fp4_moe_stream(const Fp4MoeStreamParams* p, void* stream) {
+  return call_op("fp4_moe_stream", p, stream, [](const Fp4MoeStreamParams* sp) {
+    const Fp4MoeDecodeParams* p = &sp->d;
+    const long long slots = (long long)p->M * (long long)p->topk;
+    if (p->M < 1 || p->topk < 1 || slots > DSV4_FP4_MOE_STREAM_MAX_SLOTS || p->E < 1 ||
+        p->E > DSV4_FP4_MOE_STREAM_MAX_EXPERTS || p->hidden < 128 || p->hidden % 128 || p->hidden > (1 << 20) ||
+        p->inter < 128 || p->inter % 128 || p->inter > (1 << 20) || p->w13_stride_n % 16 || p->w2_stride_n % 16 ||
+        p->x_stride % 8 || ((uintptr_t)p->x | (uintptr_t)p->w13 | (uintptr_t)p->w2 | (uintptr_t)p->y) % 16 ||
+        p->h == nullptr || p->y == nullptr || p->counters == nullptr ||
+        (sp->wpi1 != 1 && sp->wpi1 != 2 && sp->wpi1 != 4) || (sp->wpi2 != 1 && sp->wpi2 != 2 && sp->wpi2 != 4) ||
+        (sp->variant != 0 && sp->variant != 1) || sp->blocks_per_sm < 0) {
+      snprintf(g_last_error, sizeof(g_last_error),
+               "fp4_moe_stream: bad arguments M=%lld topk=%lld E=%lld hidden=%lld I=%lld wpi=%lld/%lld variant=%lld "
+               "blocks_per_sm=%lld (expected 1 <= M*topk <= %d, 1 <= E <= %d, hidden and I multiples of 128 in "
+               "[128, 2^20], 16-byte aligned x / w13 / w2 rows and y, h / y / counters workspaces, wpi 1, 2 or 4, "
+               "variant 0 or 1, blocks_per_sm >= 0)",
+               (long long)p->M, (long long)p->topk, (long long)p->E, (long long)p->hidden, (long long)p->inter,
+               (long long)sp->wpi1, (long long)sp->wpi2, (long long)sp->variant, (long long)sp->blocks_per_sm,
+               DSV4_FP4_MOE_STREAM_MAX_SLOTS, DSV4_FP4_MOE_STREAM_MAX_EXPERTS);
+      return true;
+    }
+    return false;
+  }, dsv4::launch_fp4_moe_stream);
 }
 
 int dsv4_hc_prenorm_params_size(void) { return (int)sizeof(HcPrenormParams); }

@@ -59,6 +59,12 @@ class Fp4MoeDecodeParams(ctypes.Structure):
     ]
 
 
+class Fp4MoeStreamParams(ctypes.Structure):
+    """Mirror of csrc/fp4_moe/params.h Fp4MoeStreamParams (the decode block, then four 8-byte fields)."""
+
+    _fields_ = [("d", Fp4MoeDecodeParams), ("wpi1", _I), ("wpi2", _I), ("variant", _I), ("blocks_per_sm", _I)]
+
+
 class HcPrenormParams(ctypes.Structure):
     """Mirror of csrc/hc_prenorm/params.h (every field 8 bytes; keep the order in sync)."""
 
@@ -122,6 +128,8 @@ def load():
         # fp4_moe decode kernels (absent from libraries built before they existed: has_fp4_moe_decode())
         if hasattr(lib, "dsv4_fp4_moe_decode"):
             _bind(lib, path, "fp4_moe_decode", Fp4MoeDecodeParams)
+        if hasattr(lib, "dsv4_fp4_moe_stream"):   # the streaming decode kernels: has_fp4_moe_stream()
+            _bind(lib, path, "fp4_moe_stream", Fp4MoeStreamParams)
         if hasattr(lib, "dsv4_hc_prenorm"):   # likewise: has_hc_prenorm()
             _bind(lib, path, "hc_prenorm", HcPrenormParams)
         if hasattr(lib, "dsv4_fp8_linear"):   # likewise: has_fp8_linear()
@@ -134,6 +142,14 @@ def has_fp4_moe_decode() -> bool:
     """The library loads and carries the fp4_moe decode kernels."""
     try:
         return hasattr(load(), "dsv4_fp4_moe_decode")
+    except ExtensionUnavailable:
+        return False
+
+
+def has_fp4_moe_stream() -> bool:
+    """The library loads and carries the fp4_moe streaming decode kernels (cuda_stream)."""
+    try:
+        return hasattr(load(), "dsv4_fp4_moe_stream")
     except ExtensionUnavailable:
         return False
 

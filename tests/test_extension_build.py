@@ -91,13 +91,30 @@ def test_sparse_decode_resources_sm120a(tmp_path):
 @pytest.mark.parametrize("flags", [(), ("-DDSV4_FP4_MOE_EARLY_WEIGHTS=0",)], ids=["default", "no_early_weights"])
 def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
     """Both decode kernels, each for uint8 and float32 scales; static shared memory only. Three
-    128-thread blocks per SM need <= 170 registers (65536 / 384). Also the build without early weights."""
+    128-thread blocks per SM need <= 170 registers (65536 / 384). Also the build without early weights.
+    (The same unit holds the streaming kernels, checked by test_fp4_moe_stream_resources_sm120a.)"""
     seen = _compile_sm120a(tmp_path, "fp4_moe/fp4_moe.cu", flags)
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()})
     assert sum("fp4_moe_gemm1_kernel" in n for n in seen) == 2 and sum("fp4_moe_gemm2_kernel" in n for n in seen) == 2
     for name, (regs, static_smem) in seen.items():
         assert 0 < static_smem <= SMEM_LIMIT, (name, static_smem)
         assert regs <= 170, (name, regs)
+
+
+def test_fp4_moe_stream_resources_sm120a(tmp_path):
+    """The streaming decode kernels (kernel_stream.cuh): gemm1 and gemm2 x uint8 / float32 scales x the two built
+    variants (fp4_moe.cu: <3 ring steps, 3 blocks per SM> and <2 steps, 4 blocks>), so 8 instances; no spills; the
+    registers and static shared memory of the blocks per SM each variant is launched for (65536 / (128 x blocks)
+    registers; on SM120 100 KB of shared memory per SM with 1 KB reserved per block)."""
+    seen = _compile_sm120a(tmp_path, "fp4_moe/fp4_moe.cu")
+    stream = {k: v for k, v in seen.items() if "fp4_moe_stream_kernel" in k}
+    assert len(stream) == 8, list(stream)
+    for name, (regs, static_smem) in stream.items():
+        kst, kmin = map(int, re.search(r"fp4_moe_stream_kernelILb[01]ELi[12]ELi(\d+)ELi(\d+)E", name).groups())
+        assert (kst, kmin) in ((3, 3), (2, 4)), name
+        assert regs * 128 * kmin <= 65536, (name, regs)
+        assert 0 < static_smem and kmin * (static_smem + 1024) <= 102400, (name, static_smem)
+    print({k: {"registers": v[0], "static_smem": v[1]} for k, v in stream.items()})
 
 
 def test_hc_prenorm_resources_sm120a(tmp_path):
@@ -187,7 +204,8 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
     """The cuda_decode kernels' e2m1 -> bf16 bit trick, compiled from kernel.cuh and run on the CPU:
     every byte pair in every position decodes to exactly e2m1 * 2^-126, and a model of one step's K
     permutation (A halves vs the B halves the kernel selects with prmt) gives the exact dot product
-    (tests/host/fp4_decode_check.cu). The GPU tests of test_fp4_moe.py check the kernels end to end."""
+    (tests/host/fp4_decode_check.cu); and the streaming kernels' division-free item cursor. The GPU tests of
+    test_fp4_moe.py check the kernels end to end."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC)")
@@ -198,7 +216,7 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
     assert r.returncode == 0, r.stderr
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("OK "), r.stdout + r.stderr
-    assert int(r.stdout.split()[1]) == 8 * 65536 + 2000
+    assert int(r.stdout.split()[1]) == 8 * 65536 + 2000 + 1000
 
 
 def test_fp8_linear_resources_sm120a(tmp_path):

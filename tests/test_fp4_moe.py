@@ -275,6 +275,32 @@ def test_split_k_rule():
     assert op.split_k(1, 1 << 20, 128, 1000) == op.MAX_SPLIT_K
 
 
+def test_stream_plan_rule():
+    """Shapes only (docs/fp4_moe.md section 4): the fewest warps per item (1, 2, 4) that give every warp of the
+    grid >= STREAM_BALANCE items, at most the K steps; DeepSeek-V4-Flash (E 256, top-6, hidden 4096) on 132 SMs."""
+    plan = op.dispatch.stream_plan
+    assert op.dispatch.stream_items_bound(6, 256, 128) == 768          # 1 token: 6 experts x 128 row tiles
+    assert op.dispatch.stream_items_bound(48, 256, 128) == (48 + 6) * 128
+    assert op.dispatch.stream_items_bound(1536, 256, 128) == (256 + 192) * 128
+    # variant 0: 3 blocks x 4 warps per SM = 1584 warps; 1 token: 768 items -> 4 warps each (3072 < 3168 still)
+    assert plan(1, 6, 256, 4096, 2048, 132) == {"variant": 0, "blocks_per_sm": 0, "wpi1": 4, "wpi2": 4}
+    assert plan(2, 6, 256, 4096, 2048, 132)["wpi1"] == 2               # 13 passes x 128 x 2 >= 3168
+    assert plan(8, 6, 256, 4096, 2048, 132)["wpi1"] == 1
+    # TP 8 (I = 256): gemm2's K is 2 steps, so at most 2 warps per item
+    assert plan(1, 6, 256, 4096, 256, 132)["wpi2"] == 2
+    assert plan(1, 6, 256, 4096, 256, 132)["wpi1"] == 4
+    # variant 1 (4 blocks per SM) has more warps to feed: 2 tokens need 4 warps per item there
+    assert plan(2, 6, 256, 4096, 2048, 132, {"variant": 1})["wpi1"] == 4
+    # a smaller card (24 SMs) reaches 1 warp per item sooner
+    assert plan(2, 6, 256, 4096, 2048, 24)["wpi1"] == 1
+    assert plan(1, 6, 256, 4096, 2048, 132, {"wpi1": 2, "blocks_per_sm": 1}) == {
+        "variant": 0, "blocks_per_sm": 1, "wpi1": 2, "wpi2": 2}           # 1 block per SM: 528 warps, 768 x 2 >= 1056
+    for bad in ({"variant": 2}, {"wpi1": 3}, {"blocks_per_sm": -1}, {"stages": 4}):
+        with pytest.raises(ValueError):
+            plan(1, 6, 256, 4096, 2048, 132, bad)
+    assert op.dispatch.stream_wpi(10, 1, 1000) == 1                   # K of one step: one warp
+
+
 # ----------------------------------------------------------------------------- error messages (CPU)
 def _args(device="cpu"):
     w13, s13, w2, s2 = make_weights(2, 64, 32, device)
@@ -313,6 +339,10 @@ def test_errors_impl_and_out():
     # the compiled decode kernels: hidden 64 is no multiple of 128 (and on CPU there is no CUDA device)
     with pytest.raises(UnsupportedCase, match=r"^fp4_moe: impl 'cuda_decode': (needs a CUDA device|hidden)"):
         op.fp4_moe(**a, impl="cuda_decode")
+    with pytest.raises(UnsupportedCase, match=r"^fp4_moe: impl 'cuda_stream': (needs a CUDA device|hidden)"):
+        op.fp4_moe(**a, impl="cuda_stream")
+    with pytest.raises(UnsupportedCase, match=r"^fp4_moe: config 'stream' applies to impl 'cuda_stream' only"):
+        op.fp4_moe(**a, impl="dequant", config={"stream": {"variant": 1}})
 
 
 def test_decode_limits_match_the_c_abi():
@@ -328,6 +358,16 @@ def test_decode_limits_match_the_c_abi():
     assert int(re.search(r"#define DSV4_FP4_MOE_GEMM2_TILE (\d+)", src).group(1)) == op.DECODE_GEMM2_TILE
     assert struct_fields(src, "Fp4MoeDecodeParams") == [f[0] for f in Fp4MoeDecodeParams._fields_]
     assert op.CUDA_DECODE_DEFAULT_SLOTS <= op.DECODE_MAX_SLOTS
+    from deepseek_v4_kernel._ext import Fp4MoeStreamParams
+    assert int(re.search(r"#define DSV4_FP4_MOE_STREAM_MAX_SLOTS (\d+)", src).group(1)) == op.STREAM_MAX_SLOTS
+    assert int(re.search(r"#define DSV4_FP4_MOE_STREAM_MAX_EXPERTS (\d+)", src).group(1)) == op.STREAM_MAX_EXPERTS
+    assert struct_fields(src, "Fp4MoeStreamParams") == [f[0] for f in Fp4MoeStreamParams._fields_]
+    assert op.CUDA_STREAM_DEFAULT_SLOTS <= op.STREAM_MAX_SLOTS
+    # the rows / K step the host rule assumes are the kernel's (kGemm1Rows = 8 kTiles, kGemm2Rows = 16 kTiles)
+    kern = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "fp4_moe",
+                             "kernel.cuh")).read()
+    assert "constexpr int kTiles = 2;" in kern and "constexpr int kStepK = 128;" in kern
+    assert (op.dispatch.STREAM_GEMM1_ROWS, op.dispatch.STREAM_GEMM2_ROWS, op.dispatch.STREAM_STEP_K) == (16, 32, 128)
 
 
 def test_signature_is_stable():
@@ -350,7 +390,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["dequant", "dot_scaled", "mxfp8", "cuda_decode"])
+@pytest.mark.parametrize("impl", ["dequant", "dot_scaled", "mxfp8", "cuda_decode", "cuda_stream"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"M{c[0]}I{c[1]}k{c[2]}E{c[3]}")
 def test_real_shapes(impl, case):
     M, I, k, E, drop, skew, lim = case
@@ -360,16 +400,17 @@ def test_real_shapes(impl, case):
     x = torch.randn(M, H, device="cuda").bfloat16()
     # swiglu_limit 10 with |g| up to ~40 here: the clamp is exercised
     x *= 4.0 if lim else 1.0
-    if impl == "cuda_decode":
+    if impl in ("cuda_decode", "cuda_stream"):
         _need_cuda_decode()
-    if impl == "cuda_decode" and M * k > op.DECODE_MAX_SLOTS:
-        with pytest.raises(UnsupportedCase, match=rf"impl 'cuda_decode': M \* topk = {M * k} slots > 256"):
+    limit = {"cuda_decode": op.DECODE_MAX_SLOTS, "cuda_stream": op.STREAM_MAX_SLOTS}.get(impl)
+    if limit is not None and M * k > limit:
+        with pytest.raises(UnsupportedCase, match=rf"impl '{impl}': M \* topk = {M * k} slots > {limit}"):
             op.fp4_moe(x, *w, tw, ids, impl=impl)
         return
     run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=lim, rsf=1.5)
     c1, c2, used = op.LAST_KERNELS["config"]
     assert used == impl
-    if impl == "cuda_decode":   # its resources are checked at compile time (test_extension_build.py)
+    if impl in ("cuda_decode", "cuda_stream"):   # their resources are checked at compile time (test_extension_build.py)
         return
     if M == 1 and torch.cuda.get_device_properties(0).multi_processor_count >= 64:
         assert op.LAST_KERNELS["split_k"][0] > 1, "1 token: gemm1 should run split-K"
@@ -384,16 +425,19 @@ _W_CACHE = {}
 
 def _default_impl_spec(x, w, M, k, E, H, I):
     """What fp4_moe(impl=None) must run, stated here rather than read from the op's rule functions (docs/fp4_moe.md,
-    dispatch rules): the compiled decode kernels up to 192 slots where they apply (CUDA, hidden and I multiples of
-    128, 16-byte aligned rows, the extension loads); else by expected rows per expert (<= 8 decode, <= 48 mid, else
+    dispatch rules): the streaming decode kernels up to 1536 slots and 1024 experts where they apply (CUDA, hidden
+    and I multiples of 128, 16-byte aligned rows, the extension loads), then the two-launch decode kernels up to 192
+    slots; else by expected rows per expert (<= 8 decode, <= 48 mid, else
     prefill): dequant / dot_scaled / dot_scaled below cc 10, dequant / mxfp8 / mxfp8 from cc 10; the decode regime's
     dequant becomes dot_scaled under a Triton newer than 3.6."""
-    from deepseek_v4_kernel._ext import has_fp4_moe_decode
+    from deepseek_v4_kernel._ext import has_fp4_moe_decode, has_fp4_moe_stream
     slots = M * k
     aligned = (x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
                and all(t.stride(1) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (w[0], w[2])))
-    if (slots <= 192 and H % 128 == 0 and I % 128 == 0 and aligned and has_fp4_moe_decode()
-            and os.environ.get("DSV4_FP4_MOE_IMPL") is None):
+    compiled = H % 128 == 0 and I % 128 == 0 and aligned and os.environ.get("DSV4_FP4_MOE_IMPL") is None
+    if compiled and 0 < slots <= 1536 and E <= 1024 and has_fp4_moe_stream():
+        return "cuda_stream"
+    if compiled and slots <= 192 and has_fp4_moe_decode():
         return "cuda_decode"
     per_expert = slots / max(1, min(E, slots))
     regime = "decode" if per_expert <= 8 else "mid" if per_expert <= 48 else "prefill"
@@ -408,8 +452,8 @@ def _default_impl_spec(x, w, M, k, E, H, I):
 
 
 def _need_cuda_decode():
-    from deepseek_v4_kernel._ext import has_fp4_moe_decode
-    if not has_fp4_moe_decode():
+    from deepseek_v4_kernel._ext import has_fp4_moe_decode, has_fp4_moe_stream
+    if not (has_fp4_moe_decode() and has_fp4_moe_stream()):
         pytest.skip("the CUDA extension (_C.so with the fp4_moe kernels) is not built: scripts/build_ext.sh")
 
 
@@ -437,10 +481,11 @@ def test_uint8_scales_same_as_float32(impl):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [None, {"gemm1": {"SPLIT_K": 3}, "gemm2": {"SPLIT_K": 2}},
-                                    {"gemm1": {"SPLIT_K": 1}, "gemm2": {"SPLIT_K": 1}}, "dequant"],
-                         ids=["default", "split", "nosplit", "dequant"])
+                                    {"gemm1": {"SPLIT_K": 1}, "gemm2": {"SPLIT_K": 1}}, "dequant", "cuda_decode"],
+                         ids=["default", "split", "nosplit", "dequant", "cuda_decode"])
 def test_cuda_graph_capture_replay(config):
-    """default: the compiled decode kernels (M * topk = 48 slots); the others: Triton."""
+    """default: the streaming decode kernels (M * topk = 48 slots); cuda_decode: the two-launch ones; the others:
+    Triton."""
     E, H, I, M, k = 16, 4096, 1024, 8, 6
     w = _gpu_weights(E, H, I)
     x = torch.randn(M, H, device="cuda").bfloat16()
@@ -453,7 +498,9 @@ def test_cuda_graph_capture_replay(config):
     torch.cuda.synchronize()
     triton_default = op.default_impl(op.regime(M, k, E), x.device)   # "dot_scaled" under Triton > 3.6 
     want = impl or (triton_default if config else
-                    "cuda_decode" if op.dispatch._cuda_decode_unsupported(x, w[0], w[2], M * k, H, I) is None else triton_default)
+                    "cuda_stream" if op.dispatch._cuda_stream_unsupported(x, w[0], w[2], M * k, H, I) is None else
+                    "cuda_decode" if op.dispatch._cuda_decode_unsupported(x, w[0], w[2], M * k, H, I) is None else
+                    triton_default)
     assert op.LAST_KERNELS["config"][2] == want
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
@@ -484,7 +531,8 @@ def test_cuda_graph_capture_replay(config):
     (3, 6, 8, torch.int32, torch.float32, 1.0, False),      # every slot dropped: out = 0
     (42, 6, 64, torch.int32, torch.float32, 0.0, False),    # 252 slots, near DECODE_MAX_SLOTS
 ])
-def test_cuda_decode_routing(case):
+@pytest.mark.parametrize("impl", ["cuda_decode", "cuda_stream"])
+def test_cuda_decode_routing(case, impl):
     _need_cuda_decode()
     M, k, E, id_dtype, w_dtype, drop, skew = case
     H, I = 4096, 1024
@@ -493,17 +541,18 @@ def test_cuda_decode_routing(case):
     if M * k <= E:   # distinct experts across the batch would not test duplicates
         ids = torch.where(ids >= 0, ids % (E // 2), ids)
     x = torch.randn(M, H, device="cuda").bfloat16()
-    res = run_and_check(x, w, tw.to(w_dtype), ids.to(id_dtype), impl="cuda_decode", swiglu_limit=10.0, rsf=2.5)
+    res = run_and_check(x, w, tw.to(w_dtype), ids.to(id_dtype), impl=impl, swiglu_limit=10.0, rsf=2.5)
     if drop == 1.0:
         assert (res == 0).all()
     again = op.fp4_moe(x, *w, tw.to(w_dtype), ids.to(id_dtype), swiglu_limit=10.0, routed_scaling_factor=2.5,
-                       impl="cuda_decode")
+                       impl=impl)
     assert torch.equal(res, again), "not deterministic (or gemm2's tile counters were not zeroed by gemm1)"
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["cuda_decode", "cuda_stream"])
 @pytest.mark.parametrize("lo,hi", [(118, 126), (124, 136)], ids=["scales<=2", "scales>2"])
-def test_cuda_decode_scale_range_and_layouts(lo, hi):
+def test_cuda_decode_scale_range_and_layouts(lo, hi, impl):
     """UE8M0 exponents above 128 (scale > 2) take the kernel's second multiply; uint8 and float32
     scales give bit-identical results; non-contiguous x / out rows (row stride > hidden)."""
     E, H, I, M, k = 8, 4096, 1024, 3, 4
@@ -516,11 +565,126 @@ def test_cuda_decode_scale_range_and_layouts(lo, hi):
     tw, ids = make_routing(M, E, k, "cuda", seed=lo)
     xs = torch.randn(M, H + 64, device="cuda").bfloat16() * (2.0 ** (120 - hi))
     x = xs[:, 8:H + 8]   # 16-byte aligned rows, stride H + 64
-    res = run_and_check(x, (w13, s13, w2, s2), tw, ids, impl="cuda_decode", rsf=None)
+    res = run_and_check(x, (w13, s13, w2, s2), tw, ids, impl=impl, rsf=None)
     f13, f2 = torch.exp2(s13.float() - 127), torch.exp2(s2.float() - 127)
     out = torch.full((M, H + 32), float("nan"), dtype=torch.bfloat16, device="cuda")[:, :H]
-    b = op.fp4_moe(x, w13.view(torch.int8), f13, w2.view(torch.int8), f2, tw, ids, impl="cuda_decode", out=out)
+    b = op.fp4_moe(x, w13.view(torch.int8), f13, w2.view(torch.int8), f2, tw, ids, impl=impl, out=out)
     assert torch.equal(res, b)
+
+
+_RAND_W = {}
+
+
+def _rand_weights(E, H, I, seed=0):
+    """Random packed e2m1 bytes and UE8M0 scales 2^-9..2^-3 (as the bench's; every code appears, fast at E = 256),
+    float32 scales as SGLang keeps them; one set cached."""
+    key = (E, H, I, seed)
+    if key not in _RAND_W:
+        _RAND_W.clear()
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        w13 = torch.randint(0, 256, (E, 2 * I, H // 2), device="cuda", generator=g, dtype=torch.uint8)
+        w2 = torch.randint(0, 256, (E, H, I // 2), device="cuda", generator=g, dtype=torch.uint8)
+        s13 = torch.randint(118, 125, (E, 2 * I, H // 32), device="cuda", generator=g, dtype=torch.uint8)
+        s2 = torch.randint(118, 125, (E, H, I // 32), device="cuda", generator=g, dtype=torch.uint8)
+        _RAND_W[key] = (w13, s13, w2, s2)
+    return _RAND_W[key]
+
+
+STREAM_CASES = [
+    # M, I, topk, E, drop, skew, swiglu, rsf, float32 scales: every size class (1 token: 4 warps per item;
+    # 8+: 1), odd M, the TP shards of I = 2048 (1024 / 512 / 256: gemm2 K of 2 steps clamps warps per item),
+    # dropped slots, skew (several passes of 8 slots per expert), 1536 and 2048 slots (the limits)
+    (1, 2048, 6, 256, 0.0, False, 10.0, 2.5, True),
+    (2, 1024, 6, 256, 0.0, False, None, None, False),
+    (3, 512, 6, 64, 0.2, False, 10.0, 1.5, False),
+    (8, 256, 6, 256, 0.0, False, 10.0, 2.5, True),
+    (33, 2048, 6, 64, 0.1, True, 10.0, 2.5, False),
+    (256, 1024, 6, 256, 0.0, False, 10.0, 2.5, True),
+    (256, 256, 8, 32, 0.05, True, None, 1.5, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [0, 1])
+@pytest.mark.parametrize("case", STREAM_CASES, ids=lambda c: f"M{c[0]}I{c[1]}k{c[2]}E{c[3]}")
+def test_cuda_stream(case, variant):
+    """Both built variants of the streaming kernels against the float64 reference; bit-identical on a second run."""
+    _need_cuda_decode()
+    M, I, k, E, drop, skew, lim, rsf, f32 = case
+    H = 4096
+    w13, s13, w2, s2 = _rand_weights(E, H, I)
+    if f32:
+        s13, s2 = torch.exp2(s13.float() - 127), torch.exp2(s2.float() - 127)
+    tw, ids = make_routing(M, E, k, "cuda", seed=M + I, drop=drop, skew=skew)
+    x = torch.randn(M, H, device="cuda").bfloat16() * (0.5 if lim else 0.1)
+    cfg = {"stream": {"variant": variant}}
+    res = run_and_check(x, (w13, s13, w2, s2), tw, ids, impl="cuda_stream", swiglu_limit=lim, rsf=rsf,
+                        use_out=M % 2 == 1, config=cfg)
+    assert op.LAST_KERNELS["stream"]["variant"] == variant
+    again = op.fp4_moe(x, w13, s13, w2, s2, tw, ids, swiglu_limit=lim, routed_scaling_factor=rsf,
+                       impl="cuda_stream", config=cfg)
+    assert torch.equal(res, again), "not deterministic (or the (token, tile) counters were not zeroed by gemm1)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wpi1,wpi2,bps", [(1, 1, 0), (2, 4, 1), (4, 2, 2), (4, 4, 0)])
+@pytest.mark.parametrize("M", [1, 40])
+def test_cuda_stream_groups_and_grid(M, wpi1, wpi2, bps):
+    """Every warps-per-item choice and a grid capped to 1-2 blocks per SM (each group then takes many items) give
+    the reference's result, and the same bits whatever the grid (only the K split among a group's warps changes the
+    fp32 sums: wpi fixed, bps varied)."""
+    _need_cuda_decode()
+    E, H, I, k = 64, 4096, 1024, 6
+    w = _rand_weights(E, H, I)
+    tw, ids = make_routing(M, E, k, "cuda", seed=M)
+    x = torch.randn(M, H, device="cuda").bfloat16() * 0.5
+    cfg = {"stream": {"wpi1": wpi1, "wpi2": wpi2, "blocks_per_sm": bps}}
+    res = run_and_check(x, w, tw, ids, impl="cuda_stream", swiglu_limit=10.0, rsf=2.5, config=cfg)
+    assert op.LAST_KERNELS["stream"]["wpi1"] == wpi1 and op.LAST_KERNELS["stream"]["wpi2"] == wpi2
+    other = op.fp4_moe(x, *w, tw, ids, swiglu_limit=10.0, routed_scaling_factor=2.5, impl="cuda_stream",
+                       config={"stream": {"wpi1": wpi1, "wpi2": wpi2, "blocks_per_sm": 1 if bps != 1 else 0}})
+    assert torch.equal(res, other), "the grid size changed the result"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [9, 40, 255])
+def test_cuda_stream_all_tokens_on_one_expert(M):
+    """Every token routes to expert 3 (plus others): that expert has M slots = ceil(M / 8) passes spread over the
+    grid's groups; odd M; a few slots of it dropped (-1) and out-of-range ids."""
+    _need_cuda_decode()
+    E, H, I, k = 32, 4096, 1024, 4
+    w = _rand_weights(E, H, I)
+    tw, ids = make_routing(M, E, k, "cuda", seed=M)
+    ids[:, 0] = 3
+    ids[:, 1:] = torch.where(ids[:, 1:] == 3, (ids[:, 1:] + 1) % E, ids[:, 1:])
+    ids[1, 0] = -1
+    ids[2, 2] = E + 7
+    x = torch.randn(M, H, device="cuda").bfloat16() * 0.5
+    run_and_check(x, w, tw, ids, impl="cuda_stream", swiglu_limit=10.0, rsf=1.5)
+
+
+@pytest.mark.gpu
+def test_cuda_stream_refuses_by_name():
+    _need_cuda_decode()
+    w = _rand_weights(8, 256, 128)
+    x = torch.randn(4, 256, device="cuda").bfloat16()
+    tw, ids = make_routing(4, 8, 2, "cuda")
+    with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': stream variant must be one of \[0, 1\], got 7"):
+        op.fp4_moe(x, *w, tw, ids, impl="cuda_stream", config={"stream": {"variant": 7}})
+    with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': stream wpi2 must be 1, 2 or 4, got 3"):
+        op.fp4_moe(x, *w, tw, ids, impl="cuda_stream", config={"stream": {"wpi2": 3}})
+    with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': config must be"):
+        op.fp4_moe(x, *w, tw, ids, impl="cuda_stream", config={"gemm1": {"BN": 16}})
+    big = torch.zeros(1025, 2 * 128, 128, dtype=torch.uint8, device="cuda")   # E = 1025 experts
+    bs = torch.full((1025, 256, 8), 127, dtype=torch.uint8, device="cuda")
+    w2 = torch.zeros(1025, 256, 64, dtype=torch.uint8, device="cuda")
+    s2 = torch.full((1025, 256, 4), 127, dtype=torch.uint8, device="cuda")
+    with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': E = 1025 experts > 1024"):
+        op.fp4_moe(x, big, bs, w2, s2, tw, ids, impl="cuda_stream")
+    x = torch.randn(257, 256, device="cuda").bfloat16()
+    tw, ids = make_routing(257, 8, 8, "cuda")
+    with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': M \* topk = 2056 slots > 2048"):
+        op.fp4_moe(x, *w, tw, ids, impl="cuda_stream")
 
 
 @pytest.mark.gpu
@@ -613,7 +777,7 @@ def test_gpu_fuzz(monkeypatch, seed):
         E //= 2
     k = r.randint(1, min(8, E))
     M = r.choice([r.randint(1, 48), int(2 ** r.uniform(0, 10))])
-    impl = r.choice([None, None, "dequant", "dot_scaled", "mxfp8", "cuda_decode"])
+    impl = r.choice([None, None, "dequant", "dot_scaled", "mxfp8", "cuda_decode", "cuda_stream"])
     drop = r.choice([0.0, 0.0, 0.1, 1.0])
     skew = r.random() < 0.3
     lim = r.choice([None, 10.0])
@@ -641,11 +805,12 @@ def test_gpu_fuzz(monkeypatch, seed):
             res = run_and_check(x, w, tw, ids, swiglu_limit=lim, rsf=rsf, use_out=r.random() < 0.5,
                                 expect_impl=expect)
         impl = expect
-    elif impl == "cuda_decode":
+    elif impl in ("cuda_decode", "cuda_stream"):
         _need_cuda_decode()
-        why = op.dispatch._cuda_decode_unsupported(x, w[0], w[2], M * k, H, I)
+        why = (op.dispatch._cuda_decode_unsupported if impl == "cuda_decode" else
+               op.dispatch._cuda_stream_unsupported)(x, w[0], w[2], M * k, H, I)
         if why is not None:
-            with pytest.raises(UnsupportedCase, match="impl 'cuda_decode'"):
+            with pytest.raises(UnsupportedCase, match=f"impl '{impl}'"):
                 op.fp4_moe(x, *w, tw, ids, impl=impl)
             return
     if expect is None:

@@ -205,7 +205,7 @@ def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
             assert torch.equal(out, e_out) and torch.equal(sq, e_sq)
 
 
-@pytest.mark.parametrize("impl", ["dequant", "cuda_decode"])
+@pytest.mark.parametrize("impl", ["dequant", "cuda_decode", "cuda_stream"])
 @two_gpus
 def test_fp4_moe_both_kernels_on_the_second_gpu(impl):
     from test_fp4_moe import make_routing, make_weights, run_and_check
@@ -214,11 +214,12 @@ def test_fp4_moe_both_kernels_on_the_second_gpu(impl):
     w = make_weights(E, H, I, OTHER, torch.float32, seed=3)
     tw, ids = make_routing(M, E, 4, OTHER, drop=0.2)
     x = torch.randn(M, H, device=OTHER).bfloat16()
-    if impl == "cuda_decode":
+    if impl in ("cuda_decode", "cuda_stream"):
         from deepseek_v4_kernel.ops import fp4_moe as op
-        why = op.dispatch._cuda_decode_unsupported(x, w[0], w[2], M * 4, H, I)
+        why = (op.dispatch._cuda_decode_unsupported if impl == "cuda_decode" else
+               op.dispatch._cuda_stream_unsupported)(x, w[0], w[2], M * 4, H, I)
         if why is not None:
-            pytest.skip(f"cuda_decode does not take this case here: {why}")
+            pytest.skip(f"{impl} does not take this case here: {why}")
     run_and_check(x, w, tw, ids, impl=impl, swiglu_limit=7.0, rsf=1.5)
 
 

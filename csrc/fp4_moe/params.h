@@ -51,6 +51,22 @@ typedef struct Fp4MoeDecodeParams {
   double rsf;                 // routed scaling factor (1.0 when none)
 } Fp4MoeDecodeParams;
 
+// The streaming decode kernels (kernel_stream.cuh, C ABI dsv4_fp4_moe_stream): a persistent grid over (expert
+// pass, row tile) work items, so up to this many slots and this many experts per call (the slot -> expert
+// table, the per-expert counts and the pass list live in shared memory, ~21 KB per block).
+#define DSV4_FP4_MOE_STREAM_MAX_SLOTS 2048
+#define DSV4_FP4_MOE_STREAM_MAX_EXPERTS 1024
+
+typedef struct Fp4MoeStreamParams {
+  Fp4MoeDecodeParams d;       // as for the two-launch kernels, except: counters int32 [M * hidden / 32] (one per
+                              // token x 32-column tile; gemm1 zeroes them), h / y workspaces as there
+  int64_t wpi1;               // warps per work item of gemm1: 1, 2 or 4 (they split K; clamped to K / 128 steps)
+  int64_t wpi2;               // the same for gemm2
+  int64_t variant;            // 0: 3 weight steps in flight per warp, 3 blocks of 128 threads per SM;
+                              // 1: 2 steps in flight, 4 blocks per SM (<= 128 registers)
+  int64_t blocks_per_sm;      // grid cap per SM (0: the occupancy the kernel reaches)
+} Fp4MoeStreamParams;
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,8 @@
 //  2. A model of one lane-group step of compute_step_body (the K permutation): for the 4 lanes c of a
 //     row / column pair, pairing A halves (weights) with B halves (x, selected with prmt as the kernel does)
 //     must give exactly sum_k e2m1[k] * x[k] over the 128 values of the step.
+//  3. The streaming kernels' item cursor (kernel_stream.cuh advance): stepping item gid by G items without a
+//     division must visit (i / tiles, i % tiles) for i = gid + k G, for 1000 (tiles, G, gid) draws.
 // Prints "OK <checks>" and exits 0, or prints the first mismatch and exits 1.
 #include <cmath>
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <random>
 
 #include "fp4_moe/kernel.cuh"
+#include "fp4_moe/kernel_stream.cuh"
 
 using dsv4::fp4moe::e2m1_hi_to_bf16x2;
 using dsv4::fp4moe::e2m1_lo_to_bf16x2;
@@ -108,6 +111,21 @@ int main() {
       std::printf("FAIL permutation model, trial %d: %.17g vs %.17g\n", trial, got, want);
       return 1;
     }
+  }
+  // 3. the item cursor of the streaming kernels
+  for (int trial = 0; trial < 1000; ++trial) {
+    const int tiles = 1 + (int)(rng() % 300u), G = 1 + (int)(rng() % 2000u), gid = (int)(rng() % (uint32_t)G);
+    dsv4::fp4moe::stream::ItemCursor ic = {gid / tiles, gid % tiles};
+    for (int k = 0; k < 64; ++k) {
+      const long i = gid + (long)k * G;
+      if (ic.v != i / tiles || ic.tile != i % tiles) {
+        std::printf("FAIL item cursor: tiles %d G %d gid %d k %d: (%d, %d) vs (%ld, %ld)\n", tiles, G, gid, k, ic.v,
+                    ic.tile, i / tiles, i % tiles);
+        return 1;
+      }
+      dsv4::fp4moe::stream::advance(ic, G / tiles, G % tiles, tiles);
+    }
+    ++checks;
   }
   std::printf("OK %ld\n", checks);
   return 0;

@@ -52,6 +52,11 @@ Inner product (``impl``):
                decoded to bf16 in registers + mma.sync (exact, like "dequant"), SiLU fused into
                gemm1, the top-k sum fused into gemm2 (the last block of each column tile adds
                the slots in a fixed order). PDL launches; workspace per call.
+  "cuda_stream" the same inner product on a persistent grid (csrc/fp4_moe/kernel_stream.cuh), for M * topk
+               <= 2048 slots and E <= 1024: routing once per block, work items (expert pass of <= 8 slots,
+               row tile) round robin over groups of 1 / 2 / 4 warps, each warp's weight stream running
+               across items without a break; gemm2 combines per (token, 32-column tile) after its last
+               item (fixed order). Workspaces persistent per stream (ops/_workspace.scratch).
 The interpreter (TRITON_INTERPRET=1; no dot_scaled there) always runs "dequant" with fp32
 dots and fp32 intermediates (its bf16 casts truncate); "cuda_decode" needs a CUDA device.
 Default (pick_impl): env DSV4_FP4_MOE_IMPL, else "cuda_decode" up to CUDA_DECODE_DEFAULT_SLOTS
@@ -69,9 +74,11 @@ from deepseek_v4_kernel.ops._device import on_input_device, sm_count
 from deepseek_v4_kernel.ops._stats import count
 from deepseek_v4_kernel.switches import env_bool
 
+from deepseek_v4_kernel.ops._workspace import scratch
+
 from .dispatch import (_CFG_KEYS, _IMPL_CODE, DECODE_GEMM2_TILE, GROUP, IMPLS, LAST_KERNELS, OP,
-                       SMALL_ROUTE_MAX_SLOTS, _cuda_decode_unsupported, _finish_config, _interp, _pick_config,
-                       k_per_split, max_row_blocks, pick_impl, split_k)
+                       SMALL_ROUTE_MAX_SLOTS, _cuda_decode_unsupported, _cuda_stream_unsupported, _finish_config,
+                       _interp, _pick_config, k_per_split, max_row_blocks, pick_impl, split_k, stream_plan)
 from .kernels import (_count_kernel, _gemm1_kernel, _gemm2_kernel, _layout_kernel, _reduce_kernel,
                       _route_small_kernel, _swiglu_kernel)
 
@@ -182,7 +189,7 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     if impl not in IMPLS:
         _err(f"impl must be one of {list(IMPLS)}, got {impl!r}")
     interp = _interp()
-    if interp and impl != "cuda_decode":
+    if interp and impl not in ("cuda_decode", "cuda_stream"):
         impl = "dequant"
     dev = hidden_states.device
     if out is None:
@@ -195,6 +202,27 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     if M == 0:
         return out
     count(OP, impl)
+    if impl == "cuda_stream":
+        env_bool("DSV4_FP4_MOE_PDL", True)   # (read by the compiled launcher: refuse a value it would misread)
+        why = _cuda_stream_unsupported(hidden_states, w13, w2, S, H, inter)
+        over = None
+        if config is not None:
+            if not isinstance(config, dict) or set(config) - {"stream"}:
+                why = why or (f"config must be {{'stream': {{...}}}} (variant, wpi1, wpi2, blocks_per_sm, balance), "
+                              f"got {config!r}")
+            else:
+                over = config.get("stream")
+        if why is not None:
+            _err(f"impl 'cuda_stream': {why}")
+        try:
+            plan = stream_plan(M, topk, E, H, inter, sm_count(dev), over)
+        except ValueError as e:
+            _err(f"impl 'cuda_stream': {e}")
+        _cuda_stream(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, swiglu_limit,
+                     routed_scaling_factor, out, M, H, E, inter, topk, plan)
+        return out
+    if isinstance(config, dict) and "stream" in config:
+        _err(f"config 'stream' applies to impl 'cuda_stream' only, got impl {impl!r}")
     if impl == "cuda_decode":
         env_bool("DSV4_FP4_MOE_PDL", True)   # (read by the compiled launcher: refuse a value it would misread)
         why = _cuda_decode_unsupported(hidden_states, w13, w2, S, H, inter)
@@ -300,21 +328,11 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
 _TW_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def _cuda_decode(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk):
-    """Both decode kernels of csrc/fp4_moe (gemm1 + SiLU, gemm2 + combine) on the current stream.
-    Workspace per call (sizes from M, topk, hidden, I only: graph-safe): h bf16 [S, I], y fp32
-    [S, hidden] and gemm2's column-tile counters int32 [hidden / 32] (zeroed by gemm1).
-    The only host work is filling the parameter block: no sync, no per-device query."""
-    from deepseek_v4_kernel._ext import Fp4MoeDecodeParams, load
-
-    dev = x.device
-    S = M * topk
+def _decode_params(p, x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk, h, y, counters):
+    """Fills the Fp4MoeDecodeParams block `p` (shared by both compiled decode paths); returns the tensors it points
+    at that must outlive the launch (contiguous copies of ids / weights, uint8 views of the scales)."""
     ids, tw = ids.contiguous(), tw.contiguous()
-    h = torch.empty(S, inter, dtype=torch.bfloat16, device=dev)
-    y = torch.empty(S, H, dtype=torch.float32, device=dev)
-    counters = torch.empty(H // DECODE_GEMM2_TILE, dtype=torch.int32, device=dev)
     (s13, f13), (s2, f2) = _scale_arg(s13), _scale_arg(s2)
-    p = Fp4MoeDecodeParams()
     p.x, p.x_stride = x.data_ptr(), x.stride(0)
     p.w13, p.w13_stride_e, p.w13_stride_n = w13.data_ptr(), w13.stride(0), w13.stride(1)
     p.s13, p.s13_stride_e, p.s13_stride_n, p.s13_f32 = s13.data_ptr(), s13.stride(0), s13.stride(1), int(f13)
@@ -328,9 +346,61 @@ def _cuda_decode(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, 
     p.swiglu = int(swiglu_limit is not None)
     p.swiglu_limit = float(swiglu_limit) if swiglu_limit is not None else 0.0
     p.rsf = 1.0 if rsf is None else float(rsf)
+    return ids, tw, s13, s2
+
+
+# Persistent workspaces of "cuda_stream" per (device, stream): h bf16 [S, I], y fp32 [S, hidden], the (token, column
+# tile) counters int32 [M, hidden / 32] (zeroed by its gemm1). Consecutive calls on one stream share them: each
+# kernel waits (griddepcontrol.wait) for the previous kernel of the stream before its first write.
+_STREAM_H, _STREAM_Y, _STREAM_CTR = {}, {}, {}
+
+
+def _cuda_stream(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk, plan):
+    """Both streaming kernels of csrc/fp4_moe (kernel_stream.cuh) on the current stream; no host sync, no
+    allocation after the first call of a size per stream (ops/_workspace.scratch)."""
+    from deepseek_v4_kernel._ext import Fp4MoeStreamParams, load
+
+    dev = x.device
+    S = M * topk
+    h = scratch(_STREAM_H, dev, S * inter, torch.bfloat16)
+    y = scratch(_STREAM_Y, dev, S * H, torch.float32)
+    counters = scratch(_STREAM_CTR, dev, M * (H // DECODE_GEMM2_TILE), torch.int32, min_numel=1 << 12)
+    sp = Fp4MoeStreamParams()
+    keep = _decode_params(sp.d, x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk,
+                          h, y, counters)
+    sp.wpi1, sp.wpi2 = plan["wpi1"], plan["wpi2"]
+    sp.variant, sp.blocks_per_sm = plan["variant"], plan["blocks_per_sm"]
+    lib = load()
+    with torch.cuda.device(dev):
+        rc = lib.dsv4_fp4_moe_stream(sp, torch.cuda.current_stream(dev).cuda_stream)
+    del keep
+    if rc != 0:
+        raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
+    LAST_KERNELS.clear()
+    LAST_KERNELS["config"] = (None, None, "cuda_stream")
+    LAST_KERNELS["split_k"] = (1, 1)
+    LAST_KERNELS["stream"] = dict(plan)
+
+
+def _cuda_decode(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk):
+    """Both decode kernels of csrc/fp4_moe (gemm1 + SiLU, gemm2 + combine) on the current stream.
+    Workspace per call (sizes from M, topk, hidden, I only: graph-safe): h bf16 [S, I], y fp32
+    [S, hidden] and gemm2's column-tile counters int32 [hidden / 32] (zeroed by gemm1).
+    The only host work is filling the parameter block: no sync, no per-device query."""
+    from deepseek_v4_kernel._ext import Fp4MoeDecodeParams, load
+
+    dev = x.device
+    S = M * topk
+    h = torch.empty(S, inter, dtype=torch.bfloat16, device=dev)
+    y = torch.empty(S, H, dtype=torch.float32, device=dev)
+    counters = torch.empty(H // DECODE_GEMM2_TILE, dtype=torch.int32, device=dev)
+    p = Fp4MoeDecodeParams()
+    keep = _decode_params(p, x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk,
+                          h, y, counters)
     lib = load()
     with torch.cuda.device(dev):
         rc = lib.dsv4_fp4_moe_decode(p, torch.cuda.current_stream(dev).cuda_stream)
+    del keep
     if rc != 0:
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
     LAST_KERNELS.clear()

@@ -15,7 +15,7 @@ from deepseek_v4_kernel.switches import env_choice
 OP = "fp4_moe"
 SMEM_LIMIT = 101376
 GROUP = 32
-IMPLS = ("dequant", "dot_scaled", "mxfp8", "cuda_decode")
+IMPLS = ("dequant", "dot_scaled", "mxfp8", "cuda_decode", "cuda_stream")
 IMPL_ENV = "DSV4_FP4_MOE_IMPL"   # forces one impl for every call
 _IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}   # the Triton impls
 # "cuda_decode": the compiled decode kernels (csrc/fp4_moe): at most DECODE_MAX_SLOTS = M * topk slots
@@ -25,6 +25,22 @@ _IMPL_CODE = {"dequant": 0, "dot_scaled": 1, "mxfp8": 2}   # the Triton impls
 # and is 1.4 % slower at 42 tokens.
 DECODE_MAX_SLOTS = 256
 CUDA_DECODE_DEFAULT_SLOTS = 192
+# "cuda_stream": the same kernels' inner product on a persistent grid (csrc/fp4_moe/kernel_stream.cuh): at most
+# STREAM_MAX_SLOTS slots and STREAM_MAX_EXPERTS experts (DSV4_FP4_MOE_STREAM_MAX_SLOTS / _EXPERTS, params.h, checked
+# at the C ABI). The default up to CUDA_STREAM_DEFAULT_SLOTS slots (256 tokens at top-6), ahead of "cuda_decode":
+# a prediction from the design (docs/fp4_moe.md sections 3 and 4: no per-block routing, ramp or wave tail; the
+# weight stream runs without a break across work items), pending the GPU round (tools/gpu_fp4_moe.sh times both
+# and the Triton impls at 1-256 tokens).
+STREAM_MAX_SLOTS = 2048
+STREAM_MAX_EXPERTS = 1024
+CUDA_STREAM_DEFAULT_SLOTS = 1536
+# variant -> (weight steps in the register ring, blocks of 128 threads per SM it is built for); kernel_stream.cuh
+STREAM_VARIANTS = {0: (3, 3), 1: (2, 4)}
+STREAM_DEFAULT_VARIANT = 0
+# warps per work item (stream_wpi): the fewest (1, 2, 4) that still give every warp of the grid >= STREAM_BALANCE
+# items on average (balance across warps; fewer warps per item = fewer shared-memory partial sums and barriers)
+STREAM_BALANCE = 2.0
+STREAM_GEMM1_ROWS, STREAM_GEMM2_ROWS, STREAM_STEP_K = 16, 32, 128
 DECODE_GEMM2_TILE = 32   # DSV4_FP4_MOE_GEMM2_TILE: output columns per gemm2 block, one counter each
 # default impl per regime ("decode" / "mid" / "prefill", see regime()); sm90 from the H100 runs
 DEFAULT_IMPL_SM90 = {"decode": "dequant", "mid": "dot_scaled", "prefill": "dot_scaled"}
@@ -153,16 +169,90 @@ def _cuda_decode_unsupported(x, w13, w2, S, H, inter):
     return extension_error(x.device)
 
 
+def stream_items_bound(S: int, E: int, tiles: int) -> int:
+    """Most work items one streaming kernel can have for any routing of S slots over E experts: passes (an expert's
+    slots in groups of 8) <= min(E, S) + S // 8, times the row tiles."""
+    return (min(E, S) + S // 8) * tiles
+
+
+def stream_wpi(items: int, nsteps: int, total_warps: int, balance: float = STREAM_BALANCE) -> int:
+    """Warps per work item: the fewest of 1, 2, 4 with items * wpi >= balance * total_warps (else 4), at most the K
+    steps (as the kernel clamps it: every warp of a group gets a step)."""
+    w = 4
+    for cand in (1, 2, 4):
+        if items * cand >= balance * total_warps:
+            w = cand
+            break
+    while w > 1 and w > nsteps:
+        w //= 2
+    return w
+
+
+def stream_plan(M: int, topk: int, E: int, H: int, I: int, num_sms: int, overrides=None) -> dict:
+    """Launch choices of "cuda_stream" for a call (shapes only): variant, warps per item of each GEMM (wpi1 / wpi2)
+    and the grid cap per SM (blocks_per_sm, 0 = the occupancy). ``overrides`` (config={"stream": {...}}) replaces
+    any of them."""
+    over = dict(overrides or {})
+    bad = set(over) - {"variant", "wpi1", "wpi2", "blocks_per_sm", "balance"}
+    if bad:
+        raise ValueError(f"stream config keys must be among variant, wpi1, wpi2, blocks_per_sm, balance; got {sorted(bad)}")
+    variant = over.get("variant", STREAM_DEFAULT_VARIANT)
+    if variant not in STREAM_VARIANTS:
+        raise ValueError(f"stream variant must be one of {sorted(STREAM_VARIANTS)}, got {variant!r}")
+    bps = over.get("blocks_per_sm", 0)
+    if not isinstance(bps, int) or bps < 0:
+        raise ValueError(f"stream blocks_per_sm must be an int >= 0, got {bps!r}")
+    balance = float(over.get("balance", STREAM_BALANCE))
+    per_sm = STREAM_VARIANTS[variant][1] if bps == 0 else min(bps, STREAM_VARIANTS[variant][1])
+    warps = max(1, num_sms) * per_sm * 4
+    S = M * topk
+    plan = {"variant": variant, "blocks_per_sm": bps,
+            "wpi1": stream_wpi(stream_items_bound(S, E, I // STREAM_GEMM1_ROWS), H // STREAM_STEP_K, warps, balance),
+            "wpi2": stream_wpi(stream_items_bound(S, E, H // STREAM_GEMM2_ROWS), I // STREAM_STEP_K, warps, balance)}
+    for k in ("wpi1", "wpi2"):
+        if k in over:
+            if over[k] not in (1, 2, 4):
+                raise ValueError(f"stream {k} must be 1, 2 or 4, got {over[k]!r}")
+            plan[k] = over[k]
+    return plan
+
+
+def _cuda_stream_unsupported(x, w13, w2, S, H, inter):
+    """Why the streaming decode kernels cannot take this call (None when they can)."""
+    if _interp() or x.device.type != "cuda":
+        return "needs a CUDA device"
+    if S > STREAM_MAX_SLOTS:
+        return f"M * topk = {S} slots > {STREAM_MAX_SLOTS}"
+    if w13.shape[0] > STREAM_MAX_EXPERTS:
+        return f"E = {w13.shape[0]} experts > {STREAM_MAX_EXPERTS}"
+    if H % 128 or inter % 128:
+        return f"hidden ({H}) and I ({inter}) must be multiples of 128"
+    if x.stride(0) % 8 or x.data_ptr() % 16:
+        return f"hidden_states rows must be 16-byte aligned (stride(0) {x.stride(0)}, data_ptr % 16 {x.data_ptr() % 16})"
+    for name, w in (("w13", w13), ("w2", w2)):
+        if w.stride(1) % 16 or w.data_ptr() % 16:
+            return f"{name} rows must be 16-byte aligned (strides {w.stride()})"
+    from deepseek_v4_kernel._ext import has_fp4_moe_stream
+    if not has_fp4_moe_stream():
+        return "the CUDA extension (_C.so with the fp4_moe streaming kernels) does not load"
+    return extension_error(x.device)
+
+
 def pick_impl(hidden_states, w13, w2, topk: int, config=None) -> str:
-    """The impl fp4_moe(impl=None) runs: env DSV4_FP4_MOE_IMPL; else the compiled decode kernels up to
-    CUDA_DECODE_DEFAULT_SLOTS slots where they apply (and no Triton tiles were asked for); else the
-    Triton default of the regime (default_impl)."""
+    """The impl fp4_moe(impl=None) runs: env DSV4_FP4_MOE_IMPL; else "cuda_stream" when config has a "stream"
+    entry; else (no config) the streaming decode kernels up to CUDA_STREAM_DEFAULT_SLOTS slots where they apply,
+    then the two-launch decode kernels up to CUDA_DECODE_DEFAULT_SLOTS; else the Triton default of the regime
+    (default_impl)."""
     M, H = hidden_states.shape
     E, inter = w13.shape[0], w13.shape[1] // 2
     S = M * topk
-    if env_choice(IMPL_ENV, IMPLS) is None and config is None and 0 < S <= CUDA_DECODE_DEFAULT_SLOTS:
-        why = _cuda_decode_unsupported(hidden_states, w13, w2, S, H, inter)
+    if env_choice(IMPL_ENV, IMPLS) is None and isinstance(config, dict) and "stream" in config:
+        return "cuda_stream"
+    if env_choice(IMPL_ENV, IMPLS) is None and config is None and 0 < S <= CUDA_STREAM_DEFAULT_SLOTS:
+        why = _cuda_stream_unsupported(hidden_states, w13, w2, S, H, inter)
         if why is None:
+            return "cuda_stream"
+        if S <= CUDA_DECODE_DEFAULT_SLOTS and _cuda_decode_unsupported(hidden_states, w13, w2, S, H, inter) is None:
             return "cuda_decode"
         fallback = default_impl(regime(M, topk, E), hidden_states.device)
         if not _interp():   # (under the interpreter, on the CPU, Triton is the only choice: nothing to say)
