@@ -31,7 +31,7 @@ def model_shapes(tp: int = 1) -> List[Shape]:
     return [
         Shape("wq_a", 1024, 4096, note="ReplicatedLinear hidden -> q_lora_rank"),
         Shape("wkv", 512, 4096, note="ReplicatedLinear hidden -> head_dim"),
-        Shape("wqkv_a", 1536, 4096, note="SGLANG_OPT_FUSE_WQA_WKV: wq_a and wkv fused"),
+        Shape("wqkv_a", 1536, 4096, note="wq_a and wkv fused into one projection (an engine option)"),
         Shape("wq_b", 32768 // tp, 1024, note="ColumnParallelLinear q_lora_rank -> heads x head_dim"),
         Shape("wo_a", 1024, 4096, groups=8 // tp, note="grouped: deep_gemm.fp8_einsum bhr,hdr->bhd, G = 8 / tp"),
         Shape("wo_b", 4096, 8192 // tp, note="RowParallelLinear o_groups x o_lora_rank -> hidden"),
