@@ -2,7 +2,8 @@
 
 A boolean switch reads 1 / true / yes / on as true and 0 / false / no / off as false, in any case, with surrounding
 blanks ignored; unset or empty means its default. Anything else is an error that names the variable, the accepted
-values and the value found: ``InvalidSwitch``, an ``UnsupportedCase``, so a call that meets it inside an op goes back
+values and the value found; a choice switch (``choice``) likewise names one of a fixed list of values:
+``InvalidSwitch``, an ``UnsupportedCase``, so a call that meets it inside an op goes back
 to SGLang's own code (logged once; raised with DSV4_KERNEL_STRICT=1) instead of guessing what the user meant.
 """
 
@@ -34,12 +35,20 @@ def env_bool(name: str, default: bool) -> bool:
     raise InvalidSwitch(f"{name} must be one of {'/'.join(TRUE)} (on) or {'/'.join(FALSE)} (off), got {raw!r}")
 
 
-def env_choice(name: str, choices: Sequence[str], default: Optional[str] = None) -> Optional[str]:
-    """A switch that names one of ``choices`` (case-insensitive); unset or empty gives ``default``."""
+def choice(name: str, accepted: Sequence[str], default: Optional[str] = None) -> Optional[str]:
+    """The choice switch ``name``: one of ``accepted`` (lower-case names, matched in any case, surrounding blanks
+    ignored); unset or empty gives ``default``. Any other value raises InvalidSwitch naming the variable, the
+    accepted values and the value found (a typo such as ``measure`` for ``measured`` is never silently ignored)."""
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
     v = raw.strip().lower()
-    if v not in choices:
-        raise InvalidSwitch(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    if v not in accepted:
+        unset = f" (unset: {default})" if default is not None else ""
+        raise InvalidSwitch(f"{name} must be one of {', '.join(accepted)}, got {raw!r}{unset}")
     return v
+
+
+def env_choice(name: str, choices: Sequence[str], default: Optional[str] = None) -> Optional[str]:
+    """Same as ``choice`` (the name the ops used first)."""
+    return choice(name, choices, default)
