@@ -52,3 +52,36 @@ def choice(name: str, accepted: Sequence[str], default: Optional[str] = None) ->
 def env_choice(name: str, choices: Sequence[str], default: Optional[str] = None) -> Optional[str]:
     """Same as ``choice`` (the name the ops used first)."""
     return choice(name, choices, default)
+
+
+# Every switch this package reads from the environment at run time, for the doctor and the start-up line (which
+# check them all at once instead of leaving a bad value to the first call that reads it): name -> None for a boolean
+# switch, else its accepted values (the reading module passes the same tuple to ``choice``; tests/test_switches.py
+# keeps both equal and finds every switch the package reads). Paths (DSV4_KERNEL_LIB, DSV4_KERNEL_STATS_DIR,
+# DSV4_KERNEL_MEASURED) and build-time variables are not listed.
+SWITCHES = {
+    "DSV4_KERNEL_DISABLE": None, "DSV4_KERNEL_FORCE": None, "DSV4_KERNEL_STRICT": None, "DSV4_KERNEL_QUIET": None,
+    "DSV4_SPARSE_DECODE_IMPL": ("simt", "mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32",
+                                "mma64wsh16", "mma64wsh16deep", "auto"),
+    "DSV4_SPARSE_DECODE_WS": None, "DSV4_SPARSE_DECODE_DEEP": None, "DSV4_SPARSE_DECODE_WAVES": None,
+    "DSV4_SPARSE_DECODE_PDL": None, "DSV4_SPARSE_DECODE_UNPADDED_HEADS": None,
+    "DSV4_HC_PRENORM_IMPL": ("auto", "triton", "cuda"), "DSV4_HC_PRENORM_PRECISION": ("bf16x2", "tf32"),
+    "DSV4_HC_PRENORM_ATOMIC": None, "DSV4_HC_PRENORM_XCHG": None, "DSV4_HC_PRENORM_PDL": None,
+    "DSV4_HC_PRENORM_FNROW": None, "DSV4_HC_PRENORM_FN_GROUPS": None,
+    "DSV4_FP4_MOE_IMPL": ("dequant", "dot_scaled", "mxfp8", "cuda_decode"),
+    "DSV4_FP4_MOE_PDL": None, "DSV4_FP4_MOE_DEQ_PTX": None,
+}
+# Read by the patch layer's install (a bad value: nothing is installed, said in one line); the others by the ops
+# (a bad value: each call that reads it goes back to SGLang's own code, WARNING once).
+GLOBAL = ("DSV4_KERNEL_DISABLE", "DSV4_KERNEL_FORCE", "DSV4_KERNEL_STRICT", "DSV4_KERNEL_QUIET")
+
+
+def problems() -> list:
+    """One message per listed switch whose value its parser refuses ([] when all are fine)."""
+    out = []
+    for name, accepted in SWITCHES.items():
+        try:
+            env_bool(name, False) if accepted is None else choice(name, accepted)
+        except InvalidSwitch as e:
+            out.append(str(e))
+    return out

@@ -86,8 +86,12 @@ def start_up_line(patcher: Patcher) -> str:
     # which bench file decides per size class (or why none does): said where the user asked for it
     decides = f"; {policy.PREFER}=measured: {measured.load().why}" if patcher.active and measured.prefer_measured() \
         else ""
+    # an op's switch holding a value its parser refuses: said here, at start-up, not only at the op's first call
+    from ..switches import problems
+
+    bad = "".join(f"; switch error: {p} (each call that reads it goes back to SGLang's own code)" for p in problems())
     return (f"[deepseek_v4_kernel {__version__}] {state}: {patcher.why}; SGLang {patcher.version or 'not installed'}; "
-            f"{what}{decides}; details: {DOCTOR}")
+            f"{what}{decides}{bad}; details: {DOCTOR}")
 
 
 def installed() -> Optional[Patcher]:
