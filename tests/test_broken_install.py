@@ -88,3 +88,35 @@ def test_doctor_reports_a_truncated_extension(tmp_path, as_json):
     else:
         assert f"extension: does not load: ExtensionUnavailable: cannot load {pkg / '_C.so'}: truncated" in r.stdout, \
             r.stdout
+
+
+def test_doctor_on_a_build_only_machine_says_torch_is_missing_not_no_kernel(monkeypatch):
+    """The library loads but torch is not installed (a machine that only builds): the GPU check is not made, and the
+    doctor says why instead of "NO KERNEL" (which read as a broken build)."""
+    from deepseek_v4_kernel import doctor
+
+    monkeypatch.setattr(_ext, "load", lambda: object())
+    monkeypatch.setattr(_ext, "built_archs", lambda: ["sm_120a"])
+    monkeypatch.setitem(sys.modules, "torch", None)   # import torch -> ImportError
+    info = doctor._extension_info()
+    assert info["loads"] and info["this_gpu"]["runs"] is None, info
+    assert info["this_gpu"]["why"].startswith("not checked: torch not installed"), info
+    d = {"deepseek_v4_kernel": "x", "python": "3", "platform": "p", "nvml": {"gpus": [], "error": "none"},
+         "torch": {"available": False, "error": "torch not importable"}, "versions": {}, "env": {}, "switches": [],
+         "extension": info, "patch": {"active": False, "why": "-", "sglang": None, "targets": []}}
+    text = doctor.format_text(d)
+    assert "extension on this GPU: not checked: torch not installed" in text and "NO KERNEL" not in text, text
+
+
+def test_doctor_with_a_built_library_and_a_broken_torch(tmp_path):
+    """The same through the command line, with the library scripts/build.sh built (a torch that fails to import)."""
+    if not os.path.exists(BUILT):
+        pytest.skip(f"no library built at {BUILT} (scripts/build.sh builds it)")
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('No module named torch (test)')\n")
+    env = _env(DSV4_KERNEL_LIB=BUILT)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), ROOT])
+    r = subprocess.run(DOCTOR, capture_output=True, text=True, cwd=str(tmp_path), timeout=300, env=env)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "extension: loads, built for sm_120a" in r.stdout and "NO KERNEL" not in r.stdout, r.stdout
+    assert "extension on this GPU: not checked: torch not installed" in r.stdout, r.stdout
