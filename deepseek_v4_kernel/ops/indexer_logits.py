@@ -373,6 +373,8 @@ def paged_mqa_logits(
     rows = B * N
     if out is None:
         out = torch.empty((rows, max_context_len), dtype=torch.float32, device=dev)
+    elif not isinstance(out, torch.Tensor):
+        _bad(op, f"out must be None or a float32 [{rows}, {max_context_len}] tensor, got {type(out).__name__}")
     elif out.dtype != torch.float32 or tuple(out.shape) != (rows, max_context_len) or out.stride(1) != 1:
         _bad(op, f"out must be float32 [{rows}, {max_context_len}] with unit column stride, got {out.dtype} "
                  f"{list(out.shape)} strides {tuple(out.stride())}")

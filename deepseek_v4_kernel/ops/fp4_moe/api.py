@@ -65,7 +65,7 @@ import torch
 import triton
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import on_input_device, sm_count
+from deepseek_v4_kernel.ops._device import check_kernel_device, on_input_device, sm_count
 from deepseek_v4_kernel.ops._stats import count
 from deepseek_v4_kernel.switches import env_bool
 
@@ -177,6 +177,10 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     BM, BN, BK, GROUP_M, num_warps, num_stages of the picked tiles."""
     M, H, E, inter, topk = _check(hidden_states, w13, w13_scale, w2, w2_scale,
                                   topk_weights, topk_ids)
+    check_kernel_device(OP, hidden_states=hidden_states)
+    for name, v in (("swiglu_limit", swiglu_limit), ("routed_scaling_factor", routed_scaling_factor)):
+        if v is not None and (isinstance(v, (bool, str)) or not hasattr(v, "__float__")):
+            _err(f"{name} must be None or a number, got {v!r}")
     S = M * topk
     impl = impl or pick_impl(hidden_states, w13, w2, topk, config)
     if impl not in IMPLS:
