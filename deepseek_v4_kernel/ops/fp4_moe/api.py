@@ -11,7 +11,8 @@ rows I..2I-1, e2m1 low nibble first); w13_scale [E, 2I, hidden/32]; w2 int8/uint
 torch.float8_e8m0fnu, or float32 holding the power of two (what SGLang's Fp8MoEMethod
 keeps in ``w13_weight_scale_inv``; only the exponent field is read, so they must be
 exact powers of two, as they are when loaded from e8m0). topk_weights float32/bf16/fp16
-[M, k]; topk_ids int32/int64 [M, k]; an id < 0 or >= E drops that slot (EP mapping).
+[M, k]; topk_ids int32/int64 [M, k]; an id < 0 or >= E drops that slot (EP mapping), for any value of
+either dtype (no read outside the tensors; a token with every slot dropped gives 0).
 out[t] = rsf * sum_k w[t,k] * (silu(g) * u) W2^T with g/u = x W13^T (g clamped to
 <= limit and u to [-limit, limit] first when swiglu_limit is given, as DSV4 does).
 Output bf16 [M, hidden], every element written. See docs/fp4_moe.md for the evidence.
@@ -217,6 +218,8 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     max_rows = max_blocks * BM
 
     ids = topk_ids.contiguous().view(-1)
+    if ids.dtype == torch.int64:   # the Triton kernels compare ids in 32 bits: 2^32 + 1 would alias expert 1
+        ids = ids.clamp(-1, E).to(torch.int32)
     tw = topk_weights.contiguous().view(-1)
     start = torch.empty(E, dtype=torch.int32, device=dev)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
