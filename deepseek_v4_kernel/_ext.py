@@ -13,6 +13,7 @@ from .errors import ExtensionUnavailable
 
 _LIB = None
 _LOCK = threading.Lock()
+_REFUSED = None   # ((path, size, mtime), elf_problem of that file): the last file the loader looked at
 
 
 def lib_path() -> str:
@@ -144,7 +145,12 @@ def load():
         if not os.path.exists(path):
             raise ExtensionUnavailable(f"deepseek_v4_kernel extension not built: {path} does not exist "
                                        f"(run scripts/build_ext.sh)")
-        why = elf_problem(path)
+        global _REFUSED
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        if _REFUSED is None or _REFUSED[0] != key:   # (the headers are read once per file version, not per call)
+            _REFUSED = (key, elf_problem(path))
+        why = _REFUSED[1]
         if why is not None:   # dlopen of such a file can kill the process (SIGBUS): refuse it here
             raise ExtensionUnavailable(f"cannot load {path}: {why}; rebuild with scripts/build.sh")
         try:
