@@ -3,7 +3,6 @@ work). Evidence for each rule: docs/fp4_moe.md.
 """
 from __future__ import annotations
 
-
 import torch
 import triton
 
