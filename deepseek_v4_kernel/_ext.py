@@ -5,12 +5,15 @@ any torch / Python. Loaded lazily on first use and cached. ``DSV4_KERNEL_LIB`` o
 """
 import ctypes
 import os
+import struct
 import threading
+from typing import Optional
 
 from .errors import ExtensionUnavailable
 
 _LIB = None
 _LOCK = threading.Lock()
+_REFUSED = None   # ((path, size, mtime), elf_problem of that file): the last file the loader looked at
 
 
 def lib_path() -> str:
@@ -91,6 +94,50 @@ class Fp8LinearParams(ctypes.Structure):
         ("M", _I), ("N", _I), ("K", _I), ("G", _I), ("splits", _I), ("cvt_int", _I),
     ]
 
+_ELF_HEADER = 64     # bytes of an ELF64 file header
+_PT_LOAD, _SHT_NOBITS = 1, 8
+
+
+def elf_problem(path: str) -> Optional[str]:
+    """Why the file at ``path`` is not a whole 64-bit ELF shared library, or None when its headers are consistent.
+    Checked before dlopen: the loader maps the file's segments, and a page of a mapping that lies past the end of a
+    truncated file (an interrupted copy, a full disk) raises SIGBUS at the first access, which kills the process
+    without a message (the doctor and every SGLang worker alike). Reads only the headers (a few KB)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            hdr = f.read(_ELF_HEADER)
+            if len(hdr) < _ELF_HEADER or hdr[:4] != b"\x7fELF":
+                return f"not an ELF shared library ({size} bytes, starts with {hdr[:4]!r})"
+            if hdr[4] != 2 or hdr[5] != 1:
+                return "not a 64-bit little-endian ELF file"
+            (e_type,) = struct.unpack_from("<H", hdr, 16)
+            if e_type != 3:
+                return f"not a shared library (ELF type {e_type}, expected 3, ET_DYN)"
+            phoff, shoff = struct.unpack_from("<QQ", hdr, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", hdr, 54)
+            need = max(phoff + phnum * phentsize, shoff + shnum * shentsize if shnum else 0)
+            if need <= size:
+                f.seek(phoff)
+                ph = f.read(phnum * phentsize)
+                for i in range(phnum):
+                    p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", ph, i * phentsize)
+                    if p_type == _PT_LOAD:
+                        need = max(need, p_offset + p_filesz)
+                if shnum:
+                    f.seek(shoff)
+                    sh = f.read(shnum * shentsize)
+                    for i in range(shnum):
+                        _, sh_type, _, _, sh_offset, sh_size = struct.unpack_from("<IIQQQQ", sh, i * shentsize)
+                        if sh_type != _SHT_NOBITS:
+                            need = max(need, sh_offset + sh_size)
+    except (OSError, struct.error) as e:
+        return f"unreadable ELF headers: {type(e).__name__}: {e}"
+    if size < need:
+        return (f"truncated: the file has {size} bytes, its ELF headers describe {need} (an interrupted copy or a "
+                f"full disk?)")
+    return None
+
 
 def _bind(lib, path, op, params):
     """Types of the C entry ``dsv4_<op>(const Params*, stream)``; checks that the library's parameter
@@ -117,6 +164,14 @@ def load():
         if not os.path.exists(path):
             raise ExtensionUnavailable(f"deepseek_v4_kernel extension not built: {path} does not exist "
                                        f"(run scripts/build_ext.sh)")
+        global _REFUSED
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        if _REFUSED is None or _REFUSED[0] != key:   # (the headers are read once per file version, not per call)
+            _REFUSED = (key, elf_problem(path))
+        why = _REFUSED[1]
+        if why is not None:   # dlopen of such a file can kill the process (SIGBUS): refuse it here
+            raise ExtensionUnavailable(f"cannot load {path}: {why}; rebuild with scripts/build.sh")
         try:
             lib = ctypes.CDLL(path)
         except OSError as e:

@@ -13,7 +13,7 @@ import platform
 import sys
 from typing import Optional
 
-from . import __version__
+from . import __version__, switches
 from .patch import policy
 
 _DISTRIBUTIONS = {
@@ -65,9 +65,12 @@ def _extension_info() -> dict:
         info = {"loads": True, "path": _ext.lib_path(), "archs": _ext.built_archs()}
     except Exception as e:
         return {"loads": False, "error": f"{type(e).__name__}: {e}"}
-    try:  # can the current GPU run it (the ops ask the same once per device and hand back if not)
+    try:
         import torch
-
+    except ImportError as e:   # a build-only machine: no GPU check to make (not "no kernel")
+        info["this_gpu"] = {"runs": None, "why": f"not checked: torch not installed ({e})"}
+        return info
+    try:  # can the current GPU run it (the ops ask the same once per device and hand back if not)
         if torch.cuda.is_available():
             from .ops._device import extension_error
 
@@ -82,7 +85,11 @@ def _targets(import_modules: bool) -> dict:
     """Install the patch layer here and, where asked, import each target module to see it patched."""
     from .patch import install, report
 
-    patcher = install(announce=False)
+    try:
+        patcher = install(announce=False)
+    except Exception as e:  # noqa: BLE001 - e.g. InvalidSwitch of DSV4_KERNEL_FORCE: said, as the start-up line does
+        return {"active": False, "why": f"not installed: {type(e).__name__}: {e}", "sglang": policy.sglang_version(),
+                "targets": []}
     import_errors = {}
     if import_modules and patcher.active:
         for t in patcher.targets:
@@ -116,7 +123,11 @@ def _sums_info() -> str:
         from .ops.hc_prenorm import deterministic_sums
     except Exception as e:  # noqa: BLE001 - the doctor reports, never fails
         return f"unknown (hc_prenorm does not import: {type(e).__name__}: {e})"
-    if deterministic_sums():
+    try:
+        fixed = deterministic_sums()
+    except Exception as e:  # noqa: BLE001 - a bad DSV4_HC_PRENORM_ATOMIC (said under "switches")
+        return f"unknown ({type(e).__name__}: {e})"
+    if fixed:
         return (f"fixed order ({_HC_ATOMIC_ENV}=0 or {_SGLANG_DETERMINISTIC_ENV} set): identical calls give "
                 f"identical bits")
     return (f"float atomics for num_splits None's K sub-slices (the last bits may differ between identical calls; "
@@ -136,11 +147,14 @@ def _triton_choices_info() -> str:
     newest = ".".join(map(str, NEWEST_CHECKED_TRITON))
     measured = name if v <= NEWEST_CHECKED_TRITON else f"{newest}, the newest measured"
     said = []
-    if not fp4_moe.decode_dequant_allowed():
-        said.append(f"fp4_moe's decode regime runs dot_scaled, not dequant (slower under triton {measured})")
-    if not hc_prenorm.presplit_allowed("wgmma"):
-        said.append("hc_prenorm's Triton kernel splits fn per tile where Triton builds wgmma (sm_90; not repeatable "
-                    "with presplit there)")
+    try:
+        if not fp4_moe.decode_dequant_allowed():
+            said.append(f"fp4_moe's decode regime runs dot_scaled, not dequant (slower under triton {measured})")
+        if not hc_prenorm.presplit_allowed("wgmma"):
+            said.append("hc_prenorm's Triton kernel splits fn per tile where Triton builds wgmma (sm_90; not "
+                        "repeatable with presplit there)")
+    except Exception as e:  # noqa: BLE001 - e.g. a bad switch value (said under "switches")
+        return f"unknown ({type(e).__name__}: {e})"
     if not said:
         text = f"triton {name}: the defaults as measured"
     else:
@@ -160,8 +174,11 @@ def _start_up_hook_info() -> str:
     only the first sitecustomize on sys.path: an image's own before ours means ours never runs)."""
     started = sys.modules.get(_STARTED)
     if started is not None:
-        how = "installs nothing" if policy.env_flag(policy.DISABLE) else "installs the patch layer at the first " \
-            "import of sglang, deep_gemm or flash_mla"
+        try:
+            how = "installs nothing" if policy.env_flag(policy.DISABLE) else "installs the patch layer at the " \
+                "first import of sglang, deep_gemm or flash_mla"
+        except switches.InvalidSwitch as e:
+            how = f"installs nothing: {e}"
         return f"ran ({getattr(started, '__file__', '?')}; {how})"
     first = getattr(sys.modules.get("sitecustomize"), "__file__", None)
     if not first:
@@ -188,10 +205,12 @@ def collect(run_selftest: bool = True, import_modules: bool = True, devices=None
         "nvml": {"gpus": [{"name": n, "capability": f"sm_{a}{b}"} for n, (a, b) in zip(dev.names, dev.capabilities)],
                  "error": dev.error},
         "versions": {k: _dist_version(v) for k, v in _DISTRIBUTIONS.items()},
-        "env": {k: os.environ.get(k) for k in (policy.DISABLE, policy.FORCE, policy.PREFER, policy.STRICT, policy.QUIET,
-                                               "DSV4_KERNEL_CACHE_DIR", "DSV4_KERNEL_MEASURE_BUDGET_S",
-                                               _HC_ATOMIC_ENV, _SGLANG_DETERMINISTIC_ENV)
-                if os.environ.get(k) is not None},
+        # every DSV4_* variable set (ours or a typo of one), and the others our ops read
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith("DSV4_") or k in (_SGLANG_DETERMINISTIC_ENV, "TRITON_INTERPRET", "DISABLE_MMA_V3")},
+        # a value a switch's parser refuses: the patch layer installs nothing (DSV4_KERNEL_DISABLE / FORCE / STRICT /
+        # QUIET) or the op that reads it hands its calls back to SGLang
+        "switches": switches.problems(),
         "torch": _torch_info(),
         "extension": _extension_info(),
         "sums": _sums_info(),
@@ -232,11 +251,18 @@ def format_text(d: dict) -> str:
     lines.append("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in d["versions"].items()))
     if d["env"]:
         lines.append("env: " + ", ".join(f"{k}={v}" for k, v in d["env"].items()))
+    for bad in d.get("switches", []):
+        name = bad.split(" ", 1)[0]
+        then = ("the patch layer installs nothing" if name in switches.GLOBAL
+                else "each call that reads it goes back to SGLang's own code")
+        lines.append(f"switch error: {bad} ({then})")
     e = d["extension"]
     lines.append(f"extension: loads, built for {', '.join(e['archs'])} ({e['path']})" if e["loads"]
                  else f"extension: does not load: {e['error']}")
     g = e.get("this_gpu")
-    if g is not None:
+    if g is not None and g["runs"] is None:
+        lines.append(f"extension on this GPU: {g['why']}")
+    elif g is not None:
         lines.append("extension on this GPU: runs" if g["runs"] else
                      f"extension on this GPU: NO KERNEL, sparse decode hands its calls back to SGLang and fp4_moe "
                      f"uses its Triton kernels: {g['why']}")
@@ -295,4 +321,4 @@ def main(argv=None) -> int:
     d = collect(run_selftest=not args.no_selftest, devices=devices)
     print(json.dumps(d, indent=2, default=str) if args.json else format_text(d))
     st = d.get("selftest")
-    return 1 if isinstance(st, list) and not all(r["ok"] for r in st) else 0
+    return 1 if d["switches"] or (isinstance(st, list) and not all(r["ok"] for r in st)) else 0

@@ -2,7 +2,8 @@
 
 A boolean switch reads 1 / true / yes / on as true and 0 / false / no / off as false, in any case, with surrounding
 blanks ignored; unset or empty means its default. Anything else is an error that names the variable, the accepted
-values and the value found: ``InvalidSwitch``, an ``UnsupportedCase``, so a call that meets it inside an op goes back
+values and the value found; a choice switch (``choice``) likewise names one of a fixed list of values:
+``InvalidSwitch``, an ``UnsupportedCase``, so a call that meets it inside an op goes back
 to SGLang's own code (logged once; raised with DSV4_KERNEL_STRICT=1) instead of guessing what the user meant.
 """
 
@@ -34,12 +35,53 @@ def env_bool(name: str, default: bool) -> bool:
     raise InvalidSwitch(f"{name} must be one of {'/'.join(TRUE)} (on) or {'/'.join(FALSE)} (off), got {raw!r}")
 
 
-def env_choice(name: str, choices: Sequence[str], default: Optional[str] = None) -> Optional[str]:
-    """A switch that names one of ``choices`` (case-insensitive); unset or empty gives ``default``."""
+def choice(name: str, accepted: Sequence[str], default: Optional[str] = None) -> Optional[str]:
+    """The choice switch ``name``: one of ``accepted`` (lower-case names, matched in any case, surrounding blanks
+    ignored); unset or empty gives ``default``. Any other value raises InvalidSwitch naming the variable, the
+    accepted values and the value found (a typo such as ``measure`` for ``measured`` is never silently ignored)."""
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
     v = raw.strip().lower()
-    if v not in choices:
-        raise InvalidSwitch(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    if v not in accepted:
+        unset = f" (unset: {default})" if default is not None else ""
+        raise InvalidSwitch(f"{name} must be one of {', '.join(accepted)}, got {raw!r}{unset}")
     return v
+
+
+def env_choice(name: str, choices: Sequence[str], default: Optional[str] = None) -> Optional[str]:
+    """Same as ``choice`` (the name the ops used first)."""
+    return choice(name, choices, default)
+
+
+# Every switch this package reads from the environment at run time, for the doctor and the start-up line (which
+# check them all at once instead of leaving a bad value to the first call that reads it): name -> None for a boolean
+# switch, else its accepted values (the reading module passes the same tuple to ``choice``; tests/test_switches.py
+# keeps both equal and finds every switch the package reads). Paths (DSV4_KERNEL_LIB, DSV4_KERNEL_STATS_DIR,
+# DSV4_KERNEL_MEASURED) and build-time variables are not listed.
+SWITCHES = {
+    "DSV4_KERNEL_DISABLE": None, "DSV4_KERNEL_FORCE": None, "DSV4_KERNEL_STRICT": None, "DSV4_KERNEL_QUIET": None,
+    "DSV4_SPARSE_DECODE_IMPL": ("simt", "mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32",
+                                "mma64wsh16", "mma64wsh16deep", "auto"),
+    "DSV4_SPARSE_DECODE_WS": None, "DSV4_SPARSE_DECODE_DEEP": None, "DSV4_SPARSE_DECODE_WAVES": None,
+    "DSV4_SPARSE_DECODE_PDL": None, "DSV4_SPARSE_DECODE_UNPADDED_HEADS": None,
+    "DSV4_HC_PRENORM_IMPL": ("auto", "triton", "cuda"), "DSV4_HC_PRENORM_PRECISION": ("bf16x2", "tf32"),
+    "DSV4_HC_PRENORM_ATOMIC": None, "DSV4_HC_PRENORM_XCHG": None, "DSV4_HC_PRENORM_PDL": None,
+    "DSV4_HC_PRENORM_FNROW": None, "DSV4_HC_PRENORM_FN_GROUPS": None,
+    "DSV4_FP4_MOE_IMPL": ("dequant", "dot_scaled", "mxfp8", "cuda_decode"),
+    "DSV4_FP4_MOE_PDL": None, "DSV4_FP4_MOE_DEQ_PTX": None,
+}
+# Read by the patch layer's install (a bad value: nothing is installed, said in one line); the others by the ops
+# (a bad value: each call that reads it goes back to SGLang's own code, WARNING once).
+GLOBAL = ("DSV4_KERNEL_DISABLE", "DSV4_KERNEL_FORCE", "DSV4_KERNEL_STRICT", "DSV4_KERNEL_QUIET")
+
+
+def problems() -> list:
+    """One message per listed switch whose value its parser refuses ([] when all are fine)."""
+    out = []
+    for name, accepted in SWITCHES.items():
+        try:
+            env_bool(name, False) if accepted is None else choice(name, accepted)
+        except InvalidSwitch as e:
+            out.append(str(e))
+    return out

@@ -43,6 +43,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def built_library():
+    """Path of the compiled _C.so the tests can load on any machine (no GPU needed for its C ABI checks), or None:
+    DSV4_KERNEL_LIB, else the one beside the imported package (PYTHONPATH=build/dsv4), else where the README's
+    scripts/build.sh puts it (build/dsv4/deepseek_v4_kernel/_C.so)."""
+    import deepseek_v4_kernel
+
+    for path in (os.environ.get("DSV4_KERNEL_LIB"),
+                 os.path.join(os.path.dirname(os.path.abspath(deepseek_v4_kernel.__file__)), "_C.so"),
+                 os.path.join(ROOT, "build", "dsv4", "deepseek_v4_kernel", "_C.so")):
+        if path and os.path.exists(path):
+            return path
+    return None
+
+
 @pytest.fixture
 def device():
     """'cuda' where there is a GPU, else 'cpu' (Triton interpreter)."""

@@ -9,8 +9,8 @@ from deepseek_v4_kernel.errors import UnsupportedCase
 from aot_errors import skip_or_fail
 from test_hc_prenorm import _inputs  # the op's shared test helpers
 
-hp = pytest.importorskip("deepseek_v4_kernel.ops.hc_prenorm")
-ad = pytest.importorskip("deepseek_v4_kernel.patch.adapters")   # SGLang's signatures; registers its determinism switch
+from deepseek_v4_kernel.ops import hc_prenorm as hp
+from deepseek_v4_kernel.patch import adapters as ad   # SGLang's signatures; registers its determinism switch
 
 
 # ------------------------------------------------------------------- sm_120 AOT (CPU)

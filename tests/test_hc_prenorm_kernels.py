@@ -9,8 +9,8 @@ from deepseek_v4_kernel.errors import UnsupportedCase
 from fuzz import replay_on_poisoned
 from test_hc_prenorm import _FMA, _MMA, _check, _inputs, _poisoned, _strided_out  # the op's shared test helpers
 
-hp = pytest.importorskip("deepseek_v4_kernel.ops.hc_prenorm")
-ad = pytest.importorskip("deepseek_v4_kernel.patch.adapters")   # SGLang's signatures; registers its determinism switch
+from deepseek_v4_kernel.ops import hc_prenorm as hp
+from deepseek_v4_kernel.patch import adapters as ad   # SGLang's signatures; registers its determinism switch
 
 
 @pytest.mark.gpu

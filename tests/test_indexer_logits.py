@@ -132,6 +132,54 @@ def test_paged_empty_cache(device):
     assert torch.isneginf(r).all() and torch.isneginf(out.cpu()).all()
 
 
+def _invalid_index_case(B, N, H, device, seed):
+    """A cache of 6 pages, a block table of 2 columns (128 tokens) and, for any value the indices can take: a length
+    past the table and past max_context_len, a negative one, page ids past the cache (up to INT32_MAX: a read there
+    faults) and below -1."""
+    g = torch.Generator().manual_seed(seed)
+    nb, max_blocks, maxc = 6, 2, 320
+    cache = ref.pack_paged_k_cache(torch.randn(nb, 64, 128, generator=g) * 2)
+    bt = torch.randint(0, nb, (B, max_blocks), generator=g, dtype=torch.int32)
+    bt[1, 1] = nb                     # one past the cache
+    bt[2, 0] = -7                     # below -1
+    bt[3, 1] = 2 ** 31 - 1            # far past the cache
+    bt[4, 0] = -(2 ** 31)
+    lens = torch.tensor([300, 128, 100, -5, 10 ** 9, 64][:B], dtype=torch.int32)
+    q = (torch.randn(B, N, H, 128, generator=g) * 1.5).to(torch.float8_e4m3fn)
+    w = torch.randn(B * N, H, generator=g) * 0.2
+    return [t.to(device) for t in (q, cache, w, lens, bt)] + [maxc]
+
+
+@pytest.mark.parametrize("N", [1, 2])
+def test_paged_invalid_indices_are_skipped_not_read(device, N):
+    """Documented semantics (module docstring): a token whose block-table column is past the table or whose page id
+    is < 0 or >= num_blocks is skipped (-inf), never read; lengths clip to [0, max_context_len]. Before: the kernel
+    read the block table past its row and pages past the cache (a segfault under the interpreter, an out-of-bounds
+    read on a GPU)."""
+    q, cache, w, lens, bt, maxc = _invalid_index_case(6, N, 16, device, seed=N)
+    r = ref.paged_mqa_logits_ref(q, cache, w, lens, bt, maxc)
+    mag = ref.paged_mqa_logits_magnitude(q, cache, w, lens, bt, maxc)
+    assert torch.isneginf(r[0 * N, 128:]).all() and torch.isfinite(r[0 * N, :128]).all()   # past the table: skipped
+    assert torch.isneginf(r[1 * N + N - 1, 64:128]).all()                                    # page nb: skipped
+    in_len = torch.arange(maxc)[None, :] < ref.row_lengths(lens, 6, N)[:, None]
+    for clean in (True, False):
+        poisoned = torch.full((6 * N, maxc), float("nan"), device=device)
+        out = op.paged_mqa_logits(q, cache, w, lens, bt, maxc, clean_logits=clean, out=poisoned)
+        _check(out, r, mag, clean)
+        # within the lengths a skipped token is -inf also without clean_logits (only the tail may stay unwritten)
+        assert torch.isneginf(out.cpu()[in_len & torch.isneginf(r)]).all()
+
+
+def test_paged_next_n_up_to_8(device):
+    """DSpark verify (DeepSeek-V4-Flash-0731): up to 8 draft tokens per request, 64 heads; with 1-D and 2-D lengths
+    (next_n > 4 runs as rows of next_n = 1 sharing their request's block-table row)."""
+    lens = [70, 0, 131]
+    for N, H in ((8, 64), (5, 16), (4, 128)):
+        _run_paged(3, N, H, lens, 160, device, clean=True, seed=N)
+        lens_2d = torch.tensor([[i * 9 + j for j in range(N)] for i in range(3)], dtype=torch.int32) + 60
+        _run_paged(3, N, H, lens_2d.max(1).values.tolist(), 160, device, clean=True, lens_2d=lens_2d, seed=N + 1)
+
+
 def _make_flat(M, n, H, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     k, s = ref.quantize_k(torch.randn(n, 128, generator=g) * (0.5 + torch.rand(n, 1, generator=g) * 4))
@@ -170,7 +218,7 @@ def test_bad_inputs(device):
         op.paged_mqa_logits(q, cache, w, torch.cat([cl, cl[:1]]), bt, 64)
     with pytest.raises(UnsupportedCase, match=r"block_table must be int32 or int64 \[2, max_blocks\], got torch.float32"):
         op.paged_mqa_logits(q, cache, w, cl, bt.float(), 64)
-    with pytest.raises(UnsupportedCase, match=r"max_context_len must be >= 0, got -1"):
+    with pytest.raises(UnsupportedCase, match=r"max_context_len must be an integer >= 0, got -1"):
         op.paged_mqa_logits(q, cache, w, cl, bt, -1)
     with pytest.raises(UnsupportedCase, match=r"out must be float32 \[2, 64\] .*got torch.float32 \[2, 63\]"):
         op.paged_mqa_logits(q, cache, w, cl, bt, 64, out=torch.empty(2, 63, device=device))

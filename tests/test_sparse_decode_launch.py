@@ -81,12 +81,18 @@ def test_c_abi_rejects_a_bad_plain_launch():
     """The C ABI takes plain_launch 0 / 1 only and names the field when it is anything else, before any launch (so
     no GPU is needed, only the built library). 0 and 1 themselves run in every GPU test (1: a cut batch's whole
     waves, test_gpu_batch_cut_at_whole_waves)."""
-    from deepseek_v4_kernel.errors import ExtensionUnavailable
-    from deepseek_v4_kernel._ext import SparseDecodeParams, load
-    try:
-        lib = load()
-    except ExtensionUnavailable as e:
-        pytest.skip(f"needs the built library (scripts/build_ext.sh): {e}")
+    import ctypes
+
+    from conftest import ROOT, built_library
+    from deepseek_v4_kernel._ext import SparseDecodeParams, elf_problem
+    path = built_library()
+    if path is None:
+        pytest.skip(f"no _C.so built (scripts/build.sh builds {ROOT}/build/dsv4/deepseek_v4_kernel/_C.so)")
+    assert elf_problem(path) is None, (path, elf_problem(path))   # a broken build fails here, it is not skipped
+    lib = ctypes.CDLL(path)   # (not through _ext.load: that would make this process's ops see a loaded library)
+    lib.dsv4_last_error.restype = ctypes.c_char_p
+    lib.dsv4_sparse_decode.restype = ctypes.c_int
+    lib.dsv4_sparse_decode.argtypes = [ctypes.POINTER(SparseDecodeParams), ctypes.c_void_p]
     for value in (2, -1):
         p = SparseDecodeParams()
         p.b = p.s_q = p.h_q = p.num_splits = 1

@@ -375,20 +375,37 @@ def test_watched_package_imported_before_the_hook_installs_at_start(tmp_path):
     """A .pth file runs before sitecustomize: where it imported a watched package the layer installs right away
     (here deep_gemm, imported by a .pth of the user site directory), and patches it."""
     import site
-    if not site.ENABLE_USER_SITE:   # a virtual environment (the GPU machine's) reads no user site, so no .pth there
-        pytest.skip("this interpreter reads no user site-packages (site.ENABLE_USER_SITE is False)")
-    user_base = tmp_path / "userbase"
-    site_dir = subprocess.run([sys.executable, "-c", "import site; print(site.getusersitepackages())"],
-                              env={**os.environ, "PYTHONUSERBASE": str(user_base)}, capture_output=True,
-                              text=True).stdout.strip()
-    os.makedirs(site_dir)
-    stand_in_deep_gemm(site_dir)
-    with open(os.path.join(site_dir, "early.pth"), "w") as f:   # an "import" line of a .pth file is executed
-        f.write("import deep_gemm, sys; sys.dsv4_test_before_hook = 'sitecustomize' not in sys.modules\n")
-    r = run_child("import sys, deep_gemm\nprint('BEFORE_HOOK=%s' % getattr(sys, 'dsv4_test_before_hook', None))\n"
-                  "print('WRAPPED=%s' % hasattr(deep_gemm.tf32_hc_prenorm_gemm, '__dsv4_original__'))",
-                  path=[_stand_in_sglang(tmp_path / "sgl", "0.5.23")],
-                  env={"DSV4_KERNEL_FORCE": "1", "PYTHONUSERBASE": str(user_base)})
+    code = ("import sys, deep_gemm\nprint('BEFORE_HOOK=%s' % getattr(sys, 'dsv4_test_before_hook', None))\n"
+            "print('WRAPPED=%s' % hasattr(deep_gemm.tf32_hc_prenorm_gemm, '__dsv4_original__'))")
+    pth = "import deep_gemm, sys; sys.dsv4_test_before_hook = 'sitecustomize' not in sys.modules\n"
+    sgl = _stand_in_sglang(tmp_path / "sgl", "0.5.23")
+    if site.ENABLE_USER_SITE:   # the user site directory's .pth files
+        user_base = tmp_path / "userbase"
+        site_dir = subprocess.run([sys.executable, "-c", "import site; print(site.getusersitepackages())"],
+                                  env={**os.environ, "PYTHONUSERBASE": str(user_base)}, capture_output=True,
+                                  text=True).stdout.strip()
+        os.makedirs(site_dir)
+        stand_in_deep_gemm(site_dir)
+        with open(os.path.join(site_dir, "early.pth"), "w") as f:   # an "import" line of a .pth file is executed
+            f.write(pth)
+        r = run_child(code, path=[sgl], env={"DSV4_KERNEL_FORCE": "1", "PYTHONUSERBASE": str(user_base)})
+    else:   # a virtual environment (scripts/test.sh's, the GPU machine's) reads no user site: a venv's own .pth
+        venv = tmp_path / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        py = str(venv / "bin" / "python")
+        site_dir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        stand_in_deep_gemm(site_dir)
+        with open(os.path.join(site_dir, "early.pth"), "w") as f:
+            f.write(pth)
+        import sysconfig
+
+        with open(os.path.join(site_dir, "a-test-environment.pth"), "w") as f:   # this environment's torch & co
+            f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DSV4_")}
+        env.update(PYTHONPATH=os.pathsep.join([ROOT, sgl]), PYTHONUNBUFFERED="1", DSV4_KERNEL_FORCE="1")
+        r = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env, timeout=240,
+                           cwd=tempfile.gettempdir())
     assert r.returncode == 0, r.stderr
     if "BEFORE_HOOK=None" in r.stdout:
         pytest.skip("the user site directory is off here (PYTHONNOUSERSITE, a venv, another user)")

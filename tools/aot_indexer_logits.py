@@ -33,7 +33,7 @@ def cases():
     for n in (1, 2, 3, 4):
         for h in HEADS:
             if n * h > 256 and op._next_pow2(n) * h > 256:
-                continue   # the op rejects it
+                continue   # the op runs it as rows of next_n = 1 (compiled below as n = 1)
             for lens_2d in (False, True) if n > 1 else (False,):
                 out.append(("paged", n, h, "lens_2d" if lens_2d else "lens_1d"))
     for h in HEADS:
@@ -49,9 +49,10 @@ def compile_one(kernel, n, h, variant, arch):
         sig = dict(q_ptr="*fp8e4nv", kv8_ptr="*fp8e4nv", kv32_ptr="*fp32", w_ptr="*fp32", len_ptr="*i32",
                    bt_ptr="*i32", out_ptr="*fp32")
         sig.update({k: "i32" for k in ("stride_qb", "stride_qn", "stride_qh", "stride_wr", "stride_lb",
-                                       "stride_ln", "stride_btb", "stride_or", "max_context_len", "chunk")})
+                                       "stride_ln", "stride_btb", "stride_or", "max_context_len", "chunk",
+                                       "max_blocks", "num_blocks")})
         const = dict(NEXT_N=n, NP=NP, H=h, D=128, BLOCK_T=block_t, LENS_2D=variant == "lens_2d", CLEAN=True,
-                     NUM_STAGES=num_stages, INTERPRET=False)
+                     NUM_STAGES=num_stages, INTERPRET=False, BT_GROUP=1)
         div = [k for k in sig if k.endswith("_ptr")] + ["stride_qb", "stride_qn", "stride_qh", "stride_wr",
                                                           "stride_btb", "stride_or", "chunk"]
     else:

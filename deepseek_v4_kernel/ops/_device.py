@@ -25,6 +25,44 @@ def triton_version() -> tuple:
     return tuple(parts)
 
 
+_TRITON_TRUE = ("1", "true", "yes", "on", "y")   # Triton's own boolean words (libtriton getBoolEnv, 3.6)
+
+
+def triton_env_flag(name: str) -> bool:
+    """A boolean variable that Triton itself reads (TRITON_INTERPRET, DISABLE_MMA_V3), read as Triton reads it, so
+    that our choices agree with what Triton does: its own parser where it exports one (triton._C.libtriton
+    .getenv_bool: 1 / true / yes / on / y in any case), else those words. TRITON_INTERPRET=true runs the
+    interpreter in Triton, so it must here too (only "1" was accepted by fp4_moe)."""
+    try:
+        from triton._C.libtriton import getenv_bool
+    except ImportError:
+        getenv_bool = None
+    if getenv_bool is not None:
+        return bool(getenv_bool(name, False))
+    import os
+
+    return os.environ.get(name, "").lower() in _TRITON_TRUE
+
+
+def triton_interpret() -> bool:
+    """Whether Triton runs our kernels in its interpreter (on the CPU's tensors): TRITON_INTERPRET as Triton reads it."""
+    return triton_env_flag("TRITON_INTERPRET")
+
+
+def check_kernel_device(op: str, **tensors) -> None:
+    """Each tensor on a CUDA device, or any device under the Triton interpreter (TRITON_INTERPRET=1): else Triton
+    fails with "0 active drivers" or a pointer error that names no argument. Raises UnsupportedCase naming the
+    argument, the expected device and the device found."""
+    if triton_interpret():
+        return
+    from ..errors import UnsupportedCase
+
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device.type != "cuda":
+            raise UnsupportedCase(f"{op}: {name} must be on a CUDA device (or run with TRITON_INTERPRET=1 for the "
+                                  f"Triton interpreter), got a tensor on {t.device}")
+
+
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 

@@ -5,9 +5,14 @@ logits[row, t] = k_scale[t] * sum_h weights[row, h] * relu(q[row, h] . k[t])
 * paged (decode / MTP verify): q fp8 [b, next_n, H, 128]; kv cache bytes [num_blocks, 64, 1, 132]
   (per 64-token block: 64x128 fp8 values, then 64 fp32 scales); context_lens int32 [b]
   (row (i, j) sees ``len[i] - next_n + 1 + j`` tokens, DeepGEMM's 1-D convention) or [b, next_n]
-  (row (i, j) sees ``len[i, j]`` tokens); block_table int32 [b, max_blocks].
+  (row (i, j) sees ``len[i, j]`` tokens); block_table int32 [b, max_blocks]; next_n 1..8 (from 5, or where
+  next_n * heads rounded up exceeds 256, as rows of next_n = 1).
   Out fp32 [b * next_n, max_context_len].
-* flat (prefill): q fp8 [rows, H, 128]; kv = (fp8 [n, 128], fp32 [n]); per-row window [ks, ke).
+  Indices, for any value: lengths are clipped to [0, max_context_len]; a token whose block-table column is past the
+  table (a length beyond 64 * max_blocks) or whose page id is < 0 or >= num_blocks is skipped: logit -inf, nothing
+  read. Checked in the kernel (no host sync).
+* flat (prefill): q fp8 [rows, H, 128]; kv = (fp8 [n, 128], fp32 [n]); per-row window [ks, ke), clipped to
+  [0, n).
   Out fp32 [rows, n] (absolute columns) or, with ``max_seqlen_k > 0``, [rows, max_seqlen_k] with
   column c = position ks[row] + c (DeepGEMM's "compressed logits").
 
@@ -20,7 +25,6 @@ with ``clean_logits=False`` columns past the length that no computed tile covers
 """
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import torch
@@ -28,7 +32,7 @@ import triton
 import triton.language as tl
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import on_input_device, sm_count
+from deepseek_v4_kernel.ops._device import check_kernel_device, on_input_device, sm_count, triton_interpret
 from deepseek_v4_kernel.ops._stats import count
 
 _HEAD_DIM = 128
@@ -55,13 +59,16 @@ def _sm_count(device: torch.device) -> int:
 
 
 @triton.jit
-def _paged_tile(t0, t_loc, hi, c1, q, w, lens, n_ok, out_rows, kv8_ptr, kv32_ptr, bt_row, d,
+def _paged_tile(t0, t_loc, hi, c1, q, w, lens, n_ok, out_rows, kv8_ptr, kv32_ptr, bt_row, d, max_blocks, num_blocks,
                 NP: tl.constexpr, H: tl.constexpr, BLOCK_T: tl.constexpr):
     t = t0 + t_loc
-    t_ok = t < hi
-    page = tl.load(bt_row + t // 64, mask=t_ok, other=0)
-    t_ok = t_ok & (page >= 0)
-    page = page.to(tl.int64)
+    col = t // 64
+    # a token counts only where its block-table entry exists (col < max_blocks) and names a page of the cache
+    # (0 <= page < num_blocks); any other is skipped (-inf), never read
+    t_ok = (t < hi) & (col < max_blocks)
+    page = tl.load(bt_row + col, mask=t_ok, other=-1)
+    t_ok = t_ok & (page >= 0) & (page < num_blocks)
+    page = tl.where(t_ok, page, 0).to(tl.int64)
     base = page * 8448 + (t % 64) * 128
     k = tl.load(kv8_ptr + base[:, None] + d[None, :], mask=t_ok[:, None], other=0.0)
     sc = tl.load(kv32_ptr + page * 2112 + 2048 + (t % 64), mask=t_ok, other=0.0)
@@ -69,7 +76,7 @@ def _paged_tile(t0, t_loc, hi, c1, q, w, lens, n_ok, out_rows, kv8_ptr, kv32_ptr
     s = tl.maximum(s, 0.0) * w[None, :]
     s = tl.sum(tl.reshape(s, [BLOCK_T, NP, H]), axis=2)  # [BLOCK_T, NP]
     s = s * sc[:, None]
-    s = tl.where(t[:, None] < lens[None, :], s, float("-inf"))
+    s = tl.where((t[:, None] < lens[None, :]) & t_ok[:, None], s, float("-inf"))
     tl.store(out_rows[None, :] + t[:, None], s, mask=(t[:, None] < c1) & n_ok[None, :])
 
 @triton.jit
@@ -98,10 +105,10 @@ def _paged_kernel(
     q_ptr, kv8_ptr, kv32_ptr, w_ptr, len_ptr, bt_ptr, out_ptr,
     stride_qb, stride_qn, stride_qh,
     stride_wr, stride_lb, stride_ln, stride_btb, stride_or,
-    max_context_len, chunk,
+    max_context_len, chunk, max_blocks, num_blocks,
     NEXT_N: tl.constexpr, NP: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
     BLOCK_T: tl.constexpr, LENS_2D: tl.constexpr, CLEAN: tl.constexpr,
-    NUM_STAGES: tl.constexpr, INTERPRET: tl.constexpr,
+    NUM_STAGES: tl.constexpr, INTERPRET: tl.constexpr, BT_GROUP: tl.constexpr,
 ):
     b = tl.program_id(0)
     c0 = tl.program_id(1) * chunk
@@ -135,12 +142,12 @@ def _paged_kernel(
         t0 = c0 + b * 0
         while t0 < hi:
             _paged_tile(t0, t_loc, hi, c1, q, w, lens, n_ok, out_rows, kv8_ptr, kv32_ptr,
-                        bt_ptr + b64 * stride_btb, d, NP, H, BLOCK_T)
+                        bt_ptr + (b64 // BT_GROUP) * stride_btb, d, max_blocks, num_blocks, NP, H, BLOCK_T)
             t0 += BLOCK_T
     else:
         for t0 in tl.range(c0, hi, BLOCK_T, num_stages=NUM_STAGES):
             _paged_tile(t0, t_loc, hi, c1, q, w, lens, n_ok, out_rows, kv8_ptr, kv32_ptr,
-                        bt_ptr + b64 * stride_btb, d, NP, H, BLOCK_T)
+                        bt_ptr + (b64 // BT_GROUP) * stride_btb, d, max_blocks, num_blocks, NP, H, BLOCK_T)
     if CLEAN:
         start = tl.maximum(c0, hi)
         t0 = c0 + ((start - c0) // BLOCK_T) * BLOCK_T
@@ -224,7 +231,7 @@ _TUNE_FLAT: dict = {}
 
 
 def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return triton_interpret()
 
 
 def _next_pow2(x: int) -> int:
@@ -286,6 +293,29 @@ def _chunk(total_tiles: int, programs_other: int, block_t: int, device) -> int:
     return tiles * block_t
 
 
+def _int_arg(op: str, name: str, v, lo: int) -> int:
+    """An integer argument (a Python int, a numpy / torch integer scalar) >= lo, else UnsupportedCase naming it."""
+    try:
+        iv = int(v)
+        ok = not isinstance(v, (bool, float, str)) and iv == v
+    except (TypeError, ValueError, RuntimeError):
+        ok = False
+    if not ok or iv < lo:
+        _bad(op, f"{name} must be an integer >= {lo}, got {v!r}")
+    return iv
+
+
+def _check_tensor(op: str, name: str, t, what: str):
+    if not isinstance(t, torch.Tensor):
+        _bad(op, f"{name} must be {what}, got {type(t).__name__}")
+
+
+# next_n the kernel takes in one program (its NP * heads q rows); a larger one (DSpark verify: up to 8 draft tokens)
+# runs as next_n = 1 rows, each with its own length
+MAX_NEXT_N_TILE = 4
+MAX_NEXT_N = 8
+
+
 @on_input_device
 def paged_mqa_logits(
     q: torch.Tensor,
@@ -297,19 +327,26 @@ def paged_mqa_logits(
     clean_logits: bool = True,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Paged fp8 MQA logits; see module docstring. Returns fp32 [b * next_n, max_context_len]."""
+    """Paged fp8 MQA logits; see module docstring. Returns fp32 [b * next_n, max_context_len].
+
+    Any index is safe: a row's length is clipped to [0, max_context_len]; a token whose block-table column is past
+    the table (length > 64 * max_blocks) or whose page id is < 0 or >= num_blocks is skipped (logit -inf, nothing
+    read for it). No host sync: these tests run in the kernel."""
     op = "paged_mqa_logits"
     _check_q_fp8(op, "q", q, 4)
     B, N, H, D = q.shape
-    if not 1 <= N <= 4:
-        _bad(op, f"q next_n must be 1..4, got {N} (q {list(q.shape)})")
-    if N * H > 256 and _next_pow2(N) * H > 256:
-        _bad(op, f"q: next_n * heads must be <= 256, got {N}*{H}")
+    if not 1 <= N <= MAX_NEXT_N:
+        _bad(op, f"q next_n must be 1..{MAX_NEXT_N}, got {N} (q {list(q.shape)})")
+    _check_tensor(op, "kv_cache", kv_cache, "a 1-byte [num_blocks, 64, 1, 132] tensor")
+    _check_tensor(op, "weights", weights, f"a float32 or bf16 [{B * N}, {H}] tensor")
+    _check_tensor(op, "context_lens", context_lens, f"an int32 [{B}] or [{B}, {N}] tensor")
+    _check_tensor(op, "block_table", block_table, f"an int32 [{B}, max_blocks] tensor")
     if kv_cache.element_size() != 1 or kv_cache.dim() != 4 or tuple(kv_cache.shape[1:]) != (_BLOCK_KV, 1, _HEAD_DIM + 4):
         _bad(op, f"kv_cache must be 1-byte [num_blocks, 64, 1, 132], got {kv_cache.dtype} {list(kv_cache.shape)}")
     if not kv_cache.is_contiguous():
         _bad(op, f"kv_cache must be contiguous, got strides {tuple(kv_cache.stride())}")
     dev = q.device
+    check_kernel_device(op, q=q)
     _check_device(op, dev, kv_cache=kv_cache, weights=weights, context_lens=context_lens, block_table=block_table,
                   out=out)
     if weights.dim() == 3 and weights.shape[-1] == 1:
@@ -322,33 +359,44 @@ def paged_mqa_logits(
         _bad(op, f"context_lens must be int32 or int64, got {context_lens.dtype}")
     if context_lens.dim() == 1 and context_lens.shape[0] == B:
         lens_2d = False
-        stride_lb, stride_ln = context_lens.stride(0), 0
     elif context_lens.dim() == 2 and context_lens.shape[0] == B and context_lens.shape[1] == N:
         lens_2d = N > 1
-        stride_lb, stride_ln = context_lens.stride(0), context_lens.stride(1)
     else:
         _bad(op, f"context_lens must be int32 [{B}] or [{B}, {N}], got {context_lens.dtype} {list(context_lens.shape)}")
-    if context_lens.dtype != torch.int32:
-        context_lens = context_lens.to(torch.int32)
-        stride_lb = context_lens.stride(0)
-        stride_ln = context_lens.stride(1) if context_lens.dim() == 2 else 0
     if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype not in (torch.int32, torch.int64):
         _bad(op, f"block_table must be int32 or int64 [{B}, max_blocks], got {block_table.dtype} {list(block_table.shape)}")
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
-    max_context_len = int(max_context_len)
-    if max_context_len < 0:
-        _bad(op, f"max_context_len must be >= 0, got {max_context_len}")
+    max_context_len = _int_arg(op, "max_context_len", max_context_len, 0)
     if q.stride(-1) != 1:
         q = q.contiguous()
     rows = B * N
     if out is None:
         out = torch.empty((rows, max_context_len), dtype=torch.float32, device=dev)
+    elif not isinstance(out, torch.Tensor):
+        _bad(op, f"out must be None or a float32 [{rows}, {max_context_len}] tensor, got {type(out).__name__}")
     elif out.dtype != torch.float32 or tuple(out.shape) != (rows, max_context_len) or out.stride(1) != 1:
         _bad(op, f"out must be float32 [{rows}, {max_context_len}] with unit column stride, got {out.dtype} "
                  f"{list(out.shape)} strides {tuple(out.stride())}")
     if rows == 0 or max_context_len == 0:
         return out
+
+    bt_group = 1
+    if N > MAX_NEXT_N_TILE or _next_pow2(N) * H > 256:
+        # one program per (batch entry, draft token): rows of next_n = 1 with their own lengths (computed on the
+        # device: no sync) and the batch entry's block-table row (BT_GROUP = next_n rows share it)
+        if lens_2d or context_lens.dim() == 2:
+            lens_rows = context_lens.reshape(rows)
+        else:
+            lens_rows = (context_lens.view(B, 1) - (N - 1) + torch.arange(N, device=dev, dtype=context_lens.dtype)
+                         ).view(rows)
+        context_lens, lens_2d, bt_group = lens_rows, False, N
+        q = q.reshape(rows, 1, H, D)
+        B, N = rows, 1
+    if context_lens.dtype != torch.int32:
+        context_lens = context_lens.to(torch.int32)
+    stride_lb = context_lens.stride(0)
+    stride_ln = context_lens.stride(1) if context_lens.dim() == 2 else 0
 
     kv8 = kv_cache.view(torch.uint8).view(_FP8)
     kv32 = kv_cache.view(torch.uint8).view(-1).view(torch.float32)
@@ -364,9 +412,9 @@ def paged_mqa_logits(
         q, kv8, kv32, weights, context_lens, block_table, out,
         q.stride(0), q.stride(1), q.stride(2),
         weights.stride(0), stride_lb, stride_ln, block_table.stride(0), out.stride(0),
-        max_context_len, chunk,
+        max_context_len, chunk, block_table.shape[1], kv_cache.shape[0],
         NEXT_N=N, NP=NP, H=H, D=D, BLOCK_T=block_t, LENS_2D=lens_2d, CLEAN=bool(clean_logits),
-        NUM_STAGES=num_stages, INTERPRET=_interpret(), num_warps=num_warps,
+        NUM_STAGES=num_stages, INTERPRET=_interpret(), BT_GROUP=bt_group, num_warps=num_warps,
     )
     return out
 
@@ -381,13 +429,20 @@ def mqa_logits(
     clean_logits: bool = True,
     max_seqlen_k: int = 0,
 ) -> torch.Tensor:
-    """Flat fp8 MQA logits; see module docstring."""
+    """Flat fp8 MQA logits; see module docstring. Any window is safe: [ks, ke) is clipped to [0, n) (an empty or
+    reversed window gives a row of -inf when clean)."""
     op = "mqa_logits"
     _check_q_fp8(op, "q", q, 3)
     M, H, D = q.shape
     if not (isinstance(kv, (tuple, list)) and len(kv) == 2):
         _bad(op, f"kv must be a tuple (fp8 [n, 128], fp32 [n]), got {type(kv).__name__}")
     k, k_scale = kv
+    _check_tensor(op, "kv[0]", k, "a float8_e4m3fn [n, 128] tensor")
+    _check_tensor(op, "kv[1]", k_scale, "a float32 [n] tensor")
+    _check_tensor(op, "weights", weights, f"a float32 [{M}, {H}] tensor")
+    _check_tensor(op, "cu_seq_len_k_start", ks, f"an int32 [{M}] tensor")
+    _check_tensor(op, "cu_seq_len_k_end", ke, f"an int32 [{M}] tensor")
+    check_kernel_device(op, q=q)
     if k.dtype != _FP8 or k.dim() != 2 or k.shape[1] != _HEAD_DIM or k.stride(1) != 1:
         _bad(op, f"kv[0] must be float8_e4m3fn [n, 128] (unit last stride), got {k.dtype} {list(k.shape)}")
     n = k.shape[0]
@@ -406,7 +461,7 @@ def mqa_logits(
             _bad(op, f"{name} must be int32 [{M}], got {x.dtype} {list(x.shape)}")
     ks = ks.to(torch.int32).contiguous()
     ke = ke.to(torch.int32).contiguous()
-    max_seqlen_k = int(max_seqlen_k)
+    max_seqlen_k = _int_arg(op, "max_seqlen_k", max_seqlen_k, 0)
     relative = max_seqlen_k > 0
     if relative and clean_logits:
         _bad(op, "clean_logits=True with max_seqlen_k > 0 is not supported (DeepGEMM asserts the same)")
@@ -465,4 +520,7 @@ def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_l
 def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
     """``deep_gemm.get_paged_mqa_logits_metadata``: our kernel needs no schedule; returns an
     int32 [num_sms + 1, 2] zero tensor (DeepGEMM's shape, so SGLang's ``copy_`` of it works)."""
-    return torch.zeros((int(num_sms) + 1, 2), dtype=torch.int32, device=context_lens.device)
+    op = "get_paged_mqa_logits_metadata"
+    _check_tensor(op, "context_lens", context_lens, "an int32 tensor")
+    num_sms = _int_arg(op, "num_sms", num_sms, 1)
+    return torch.zeros((num_sms + 1, 2), dtype=torch.int32, device=context_lens.device)

@@ -348,6 +348,8 @@ def sparse_decode(q, k_cache, indices, topk_length=None, extra_k_cache=None, ext
                 or attn_sink.dim() != 1 or attn_sink.shape[0] != h_q or attn_sink.device != dev:
             _fail("attn_sink", f"None or float32 [h_q={h_q}] on {dev}", _desc(attn_sink))
         attn_sink = attn_sink.contiguous()
+    if softmax_scale is not None and (isinstance(softmax_scale, (bool, str)) or not hasattr(softmax_scale, "__float__")):
+        _fail("softmax_scale", "None or a float", repr(softmax_scale))
     scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
 
     out = torch.empty((b, s_q, h_q, D), dtype=torch.bfloat16, device=dev)

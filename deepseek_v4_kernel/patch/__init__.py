@@ -82,8 +82,12 @@ def start_up_line(patcher: Patcher) -> str:
     state = "active" if patcher.active else "inactive"
     what = f"{len(patcher.targets)} targets: {patcher.summary()}" if patcher.active else "nothing patched"
     decides = f"; dispatch: {dispatch_words()}" if patcher.active else ""
+    # an op's switch holding a value its parser refuses: said here, at start-up, not only at the op's first call
+    from ..switches import problems
+
+    bad = "".join(f"; switch error: {p} (each call that reads it goes back to SGLang's own code)" for p in problems())
     return (f"[deepseek_v4_kernel {__version__}] {state}: {patcher.why}; SGLang {patcher.version or 'not installed'}; "
-            f"{what}{decides}; details: {DOCTOR}")
+            f"{what}{decides}{bad}; details: {DOCTOR}")
 
 
 def dispatch_words() -> str:

@@ -100,7 +100,13 @@ def sm120_sparse_decode_is_ours(module) -> Tuple[bool, str]:
     """SGLang's SM120 sparse decode is ours (row above patched), which takes the rank's own head count."""
     # Evaluated when sglang.srt.models.deepseek_v4 is imported; it imports the dispatcher's module at its top
     # (0.5.20 deepseek_v4.py:32, 0.5.23 :38), so that module's row has been decided by then.
-    if os.environ.get(UNPADDED_HEADS_ENV, "1") == "0":
+    from ..switches import InvalidSwitch, env_bool
+
+    try:
+        unpadded = env_bool(UNPADDED_HEADS_ENV, True)
+    except InvalidSwitch as e:   # (a value we do not read: SGLang's own way, and the reason said)
+        return False, f"{e}: SGLang's 64-head pad kept"
+    if not unpadded:
         return False, f"{UNPADDED_HEADS_ENV}=0: SGLang's 64-head pad kept"
     dispatcher = getattr(sys.modules.get(SM120_DISPATCHER), "flash_mla_with_kvcache_sm120", None)
     if getattr(dispatcher, "__dsv4_target__", None) is None:

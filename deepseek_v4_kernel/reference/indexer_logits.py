@@ -80,19 +80,24 @@ def _paged_rows(q, kv_cache, weights, context_lens, block_table, max_context_len
             L = int(min(lens[r], max_context_len))
             if L <= 0:
                 continue
+            # tokens whose block-table column is past the table or whose page is not in the cache are skipped
             t = torch.arange(L)
+            t = t[t // BLOCK_KV < bt.shape[1]]
             pages = bt[i, t // BLOCK_KV]
-            k = vals[pages, t % BLOCK_KV]  # [L, D]
-            s = scales[pages, t % BLOCK_KV]  # [L]
+            ok = (pages >= 0) & (pages < vals.shape[0])
+            t, pages = t[ok], pages[ok]
+            k = vals[pages, t % BLOCK_KV]  # [L', D]
+            s = scales[pages, t % BLOCK_KV]  # [L']
             dots = torch.einsum("hd,td->ht", qd[i, j], k)
             if not magnitude:
                 dots = dots.clamp(min=0)
-            out[r, :L] = s * (w[r][:, None] * dots).sum(0)
+            out[r, t] = s * (w[r][:, None] * dots).sum(0)
     return out
 
 
 def paged_mqa_logits_ref(q, kv_cache, weights, context_lens, block_table, max_context_len):
-    """float64 [b*next_n, max_context_len]; -inf past each row's length."""
+    """float64 [b*next_n, max_context_len]; -inf past each row's length and at every token whose block-table column is
+    past the table or whose page id is < 0 or >= num_blocks (skipped)."""
     return _paged_rows(q, kv_cache, weights, context_lens, block_table, max_context_len, magnitude=False)
 
 

@@ -91,3 +91,34 @@ def test_wheels_match_manifest_where_present():
         path = os.path.join(wheels, p["wheel"])
         if os.path.isfile(path):
             assert bb.sha256_file(path) == p["sha256"], p["wheel"]
+
+
+def test_every_wheel_is_pinned_by_file_name_and_sha256():
+    """Rebuilding picked another build of apache-tvm-ffi 0.1.11 (another manylinux tag) and changed the bundle: each
+    package names its exact wheel, and the manifest records that file."""
+    assert set(spec.WHEELS) == {p.name for p in spec.PACKAGES}
+    for p in manifest()["packages"]:
+        assert (p["wheel"], p["sha256"]) == spec.WHEELS[p["name"]], p["name"]
+
+
+def test_download_asks_for_the_pinned_file_and_refuses_any_other(tmp_path, monkeypatch):
+    """pip gets a hashed requirement per package (it then takes the build with that sha256), and a file that is not
+    the pinned one (another build's name, or other bytes under the pinned name) stops the build, naming it."""
+    pkg = next(p for p in spec.PACKAGES if p.name == "apache-tvm-ffi")
+    name, sha = spec.WHEELS[pkg.name]
+    calls = []
+
+    def fake_pip(cmd, check):
+        req = cmd[cmd.index("-r") + 1]
+        calls.append((cmd, open(req).read()))
+        dest = cmd[cmd.index("-d") + 1]
+        with open(os.path.join(dest, write_as[0]), "wb") as f:
+            f.write(b"another build")
+
+    monkeypatch.setattr(bb.subprocess, "run", fake_pip)
+    for write_as in (["apache_tvm_ffi-0.1.11-cp312-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"], [name]):
+        wheels = tmp_path / write_as[0][-20:]
+        with pytest.raises(SystemExit, match=re.escape(f"apache-tvm-ffi==0.1.11: want {name} sha256 {sha}, got ")):
+            bb.download(str(wheels), [pkg])
+    cmd, req = calls[0]
+    assert "--require-hashes" in cmd and req == f"apache-tvm-ffi==0.1.11 --hash=sha256:{sha}\n"

@@ -3,8 +3,9 @@
     python3 tools/e2e/build_bundle.py                 # download (cached), pack, split, write .e2e/ + the manifest
     python3 tools/e2e/build_bundle.py --check         # rebuild into .e2e/ and fail if the committed manifest differs
 
-Steps: ``pip download --no-deps`` of each pinned wheel of ``bundle_spec.PACKAGES`` for CPython 3.12 / manylinux
-x86_64 into ``.e2e/wheels/`` (kept: a second run downloads nothing); one tar per group, built straight from the wheels
+Steps: ``pip download --no-deps`` of each wheel pinned in ``bundle_spec.WHEELS`` (file name and sha256: a hashed
+requirement, checked after download) for CPython 3.12 / manylinux x86_64 into ``.e2e/wheels/`` (kept: a second run
+downloads nothing); one tar per group, built straight from the wheels
 with the slimming rules applied (sorted members, fixed mtime / owner / modes, so equal wheels give equal bytes),
 compressed with xz preset 9 (Python's lzma, single-threaded, deterministic) and split into parts of at most
 ``bundle_spec.PART_LIMIT`` bytes in ``.e2e/parts/``; then ``tools/e2e/bundle_manifest.json``: per package its wheel,
@@ -51,35 +52,44 @@ def sha256_file(path: str) -> str:
 
 
 def find_wheel(wheels_dir: str, package: spec.Package) -> str:
-    """The downloaded wheel of ``package`` (its file name starts with the normalised name and the version)."""
-    stem = spec.normalise(package.name).replace("-", "_")
-    for path in sorted(glob.glob(os.path.join(wheels_dir, "*.whl"))):
-        name = os.path.basename(path)
-        dist, version = name.split("-")[:2]
-        if spec.normalise(dist).replace("-", "_") == stem and version == package.version:
-            return path
-    return ""
+    """The pinned wheel of ``package`` in ``wheels_dir`` (bundle_spec.WHEELS: that file name, that sha256), or ""."""
+    name, sha = spec.WHEELS[package.name]
+    path = os.path.join(wheels_dir, name)
+    return path if os.path.isfile(path) and sha256_file(path) == sha else ""
 
 
 def download(wheels_dir: str, packages, python: str = sys.executable) -> Dict[str, str]:
-    """pip download --no-deps every package not yet in ``wheels_dir``; returns name -> wheel path."""
+    """pip download --no-deps exactly the pinned wheel (bundle_spec.WHEELS) of every package not yet in
+    ``wheels_dir``: a hashed requirement, so pip takes the file with that sha256 among the version's builds (and
+    refuses any other); then each file is checked by name and sha256. Returns name -> wheel path."""
     os.makedirs(wheels_dir, exist_ok=True)
     missing = [p for p in packages if not find_wheel(wheels_dir, p)]
     if missing:
-        cmd = [python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
+            for p in missing:
+                req.write(f"{p.requirement} --hash=sha256:{spec.WHEELS[p.name][1]}\n")
+        cmd = [python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--require-hashes",
                "--python-version", spec.PYTHON_TAG, "--implementation", "cp", "--abi", spec.ABI,
-               "-d", wheels_dir]
+               "-d", wheels_dir, "-r", req.name]
         for plat in spec.PLATFORMS:
             cmd += ["--platform", plat]
-        cmd += [p.requirement for p in missing]
-        print(f"pip download {len(missing)} wheels -> {wheels_dir}", flush=True)
-        subprocess.run(cmd, check=True)
-    out = {}
+        print(f"pip download {len(missing)} pinned wheels -> {wheels_dir}", flush=True)
+        try:
+            subprocess.run(cmd, check=True)
+        finally:
+            os.unlink(req.name)
+    out, wrong = {}, []
     for p in packages:
         path = find_wheel(wheels_dir, p)
         if not path:
-            raise SystemExit(f"build_bundle: no wheel of {p.requirement} in {wheels_dir} after pip download")
+            name, sha = spec.WHEELS[p.name]
+            there = os.path.join(wheels_dir, name)
+            got = f"sha256 {sha256_file(there)}" if os.path.isfile(there) else "no such file"
+            wrong.append(f"{p.requirement}: want {name} sha256 {sha}, got {got}")
         out[p.name] = path
+    if wrong:
+        raise SystemExit("build_bundle: not the pinned wheels (bundle_spec.WHEELS) in " + wheels_dir + ": "
+                         + "; ".join(wrong))
     return out
 
 

@@ -11,7 +11,8 @@ rows I..2I-1, e2m1 low nibble first); w13_scale [E, 2I, hidden/32]; w2 int8/uint
 torch.float8_e8m0fnu, or float32 holding the power of two (what SGLang's Fp8MoEMethod
 keeps in ``w13_weight_scale_inv``; only the exponent field is read, so they must be
 exact powers of two, as they are when loaded from e8m0). topk_weights float32/bf16/fp16
-[M, k]; topk_ids int32/int64 [M, k]; an id < 0 or >= E drops that slot (EP mapping).
+[M, k]; topk_ids int32/int64 [M, k]; an id < 0 or >= E drops that slot (EP mapping), for any value of
+either dtype (no read outside the tensors; a token with every slot dropped gives 0).
 out[t] = rsf * sum_k w[t,k] * (silu(g) * u) W2^T with g/u = x W13^T (g clamped to
 <= limit and u to [-limit, limit] first when swiglu_limit is given, as DSV4 does).
 Output bf16 [M, hidden], every element written. See docs/fp4_moe.md for the evidence.
@@ -70,7 +71,7 @@ import torch
 import triton
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import on_input_device, sm_count
+from deepseek_v4_kernel.ops._device import check_kernel_device, on_input_device, sm_count
 from deepseek_v4_kernel.ops._stats import count
 from deepseek_v4_kernel.switches import env_bool
 
@@ -184,6 +185,10 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     BM, BN, BK, GROUP_M, num_warps, num_stages of the picked tiles."""
     M, H, E, inter, topk = _check(hidden_states, w13, w13_scale, w2, w2_scale,
                                   topk_weights, topk_ids)
+    check_kernel_device(OP, hidden_states=hidden_states)
+    for name, v in (("swiglu_limit", swiglu_limit), ("routed_scaling_factor", routed_scaling_factor)):
+        if v is not None and (isinstance(v, (bool, str)) or not hasattr(v, "__float__")):
+            _err(f"{name} must be None or a number, got {v!r}")
     S = M * topk
     impl = impl or pick_impl(hidden_states, w13, w2, topk, config)
     if impl not in IMPLS:
@@ -241,6 +246,8 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     max_rows = max_blocks * BM
 
     ids = topk_ids.contiguous().view(-1)
+    if ids.dtype == torch.int64:   # the Triton kernels compare ids in 32 bits: 2^32 + 1 would alias expert 1
+        ids = ids.clamp(-1, E).to(torch.int32)
     tw = topk_weights.contiguous().view(-1)
     start = torch.empty(E, dtype=torch.int32, device=dev)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)

@@ -3,12 +3,10 @@ work). Evidence for each rule: docs/fp4_moe.md.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
-from deepseek_v4_kernel.ops._device import extension_error, triton_version
+from deepseek_v4_kernel.ops._device import extension_error, triton_interpret, triton_version
 from deepseek_v4_kernel.ops._stats import warn_once
 from deepseek_v4_kernel.switches import env_choice
 
@@ -65,7 +63,7 @@ LAST_KERNELS: dict = {}
 
 
 def _interp() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return triton_interpret()   # TRITON_INTERPRET as Triton reads it ("true" too, not only "1")
 
 
 # --------------------------------------------------------------------------- configs

@@ -9,14 +9,13 @@ measurement behind it; docs/hc_prenorm.md has the design and the evidence.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable, List, Tuple
 
 import torch
 import triton
 
 from deepseek_v4_kernel.errors import ExtensionUnavailable, UnsupportedCase
-from deepseek_v4_kernel.ops._device import extension_error, triton_version
+from deepseek_v4_kernel.ops._device import extension_error, triton_env_flag, triton_interpret, triton_version
 from deepseek_v4_kernel.ops._stats import warn_once
 from deepseek_v4_kernel.switches import env_bool, env_choice
 
@@ -30,7 +29,7 @@ SMEM_LIMIT = 101376
 
 
 def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return triton_interpret()
 
 
 def _fail(arg: str, expected: str, got) -> UnsupportedCase:
@@ -145,7 +144,7 @@ table_override = None  # bench only: a list like _TABLES[...], tried first
 def mma_kind(device=None) -> str:
     """Which table applies: "wgmma" on sm_90 (Triton uses wgmma there unless
     DISABLE_MMA_V3 is set), "mma" (mma.sync) elsewhere, SM120 included."""
-    if os.environ.get("DISABLE_MMA_V3", "0") not in ("", "0", "false", "False"):
+    if triton_env_flag("DISABLE_MMA_V3"):
         return "mma"
     if device is None or getattr(device, "type", "cpu") != "cuda":
         return "mma"
