@@ -61,6 +61,7 @@ def env_choice(name: str, choices: Sequence[str], default: Optional[str] = None)
 # DSV4_KERNEL_MEASURED) and build-time variables are not listed.
 SWITCHES = {
     "DSV4_KERNEL_DISABLE": None, "DSV4_KERNEL_FORCE": None, "DSV4_KERNEL_STRICT": None, "DSV4_KERNEL_QUIET": None,
+    "DSV4_KERNEL_PREFER": ("measured", "ours", "builtin"),
     "DSV4_SPARSE_DECODE_IMPL": ("simt", "mma", "mma64", "mma64h32", "mma64h16", "mma64ws", "mma64wsh32",
                                 "mma64wsh16", "mma64wsh16deep", "auto"),
     "DSV4_SPARSE_DECODE_WS": None, "DSV4_SPARSE_DECODE_DEEP": None, "DSV4_SPARSE_DECODE_WAVES": None,
@@ -68,12 +69,12 @@ SWITCHES = {
     "DSV4_HC_PRENORM_IMPL": ("auto", "triton", "cuda"), "DSV4_HC_PRENORM_PRECISION": ("bf16x2", "tf32"),
     "DSV4_HC_PRENORM_ATOMIC": None, "DSV4_HC_PRENORM_XCHG": None, "DSV4_HC_PRENORM_PDL": None,
     "DSV4_HC_PRENORM_FNROW": None, "DSV4_HC_PRENORM_FN_GROUPS": None,
-    "DSV4_FP4_MOE_IMPL": ("dequant", "dot_scaled", "mxfp8", "cuda_decode"),
+    "DSV4_FP4_MOE_IMPL": ("dequant", "dot_scaled", "mxfp8", "cuda_decode", "cuda_stream"),
     "DSV4_FP4_MOE_PDL": None, "DSV4_FP4_MOE_DEQ_PTX": None,
 }
 # Read by the patch layer's install (a bad value: nothing is installed, said in one line); the others by the ops
 # (a bad value: each call that reads it goes back to SGLang's own code, WARNING once).
-GLOBAL = ("DSV4_KERNEL_DISABLE", "DSV4_KERNEL_FORCE", "DSV4_KERNEL_STRICT", "DSV4_KERNEL_QUIET")
+GLOBAL = ("DSV4_KERNEL_DISABLE", "DSV4_KERNEL_FORCE", "DSV4_KERNEL_STRICT", "DSV4_KERNEL_QUIET", "DSV4_KERNEL_PREFER")
 
 
 def problems() -> list:
