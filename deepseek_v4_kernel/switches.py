@@ -71,6 +71,7 @@ SWITCHES = {
     "DSV4_HC_PRENORM_FNROW": None, "DSV4_HC_PRENORM_FN_GROUPS": None,
     "DSV4_FP4_MOE_IMPL": ("dequant", "dot_scaled", "mxfp8", "cuda_decode", "cuda_stream"),
     "DSV4_FP4_MOE_PDL": None, "DSV4_FP4_MOE_DEQ_PTX": None,
+    "DSV4_BENCH_ALLOW_SGLANG_JIT": ("0", "1", "small"),
 }
 # Read by the patch layer's install (a bad value: nothing is installed, said in one line); the others by the ops
 # (a bad value: each call that reads it goes back to SGLang's own code, WARNING once).

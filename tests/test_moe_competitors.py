@@ -174,7 +174,7 @@ def test_jit_verdict(fake_jit):
 
 
 @pytest.mark.parametrize("env,arg,want", [(None, None, ""), ("1", None, "all"), ("small", None, "small"),
-                                          ("yes", None, ""), ("1", False, ""), (None, True, "all"),
+                                          ("0", None, ""), ("1", False, ""), (None, True, "all"),
                                           (None, "small", "small")])
 def test_allow_jit_from_the_argument_or_the_environment(monkeypatch, env, arg, want):
     if env is None:
@@ -182,6 +182,15 @@ def test_allow_jit_from_the_argument_or_the_environment(monkeypatch, env, arg, w
     else:
         monkeypatch.setenv(mc.ALLOW_JIT_ENV, env)
     assert mc._allow_jit(arg) == want
+
+
+def test_allow_jit_refuses_an_unknown_value(monkeypatch):
+    """A typo is an error naming the variable and the accepted values, never silently "no JIT"."""
+    from deepseek_v4_kernel.switches import InvalidSwitch
+
+    monkeypatch.setenv(mc.ALLOW_JIT_ENV, "yes")
+    with pytest.raises(InvalidSwitch, match="DSV4_BENCH_ALLOW_SGLANG_JIT must be one of 0, 1, small, got 'yes'"):
+        mc._allow_jit(None)
 
 
 # ----------------------------------------------------------------------------- the user bench's form

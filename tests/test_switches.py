@@ -14,13 +14,16 @@ from conftest import ROOT
 from deepseek_v4_kernel import switches
 from deepseek_v4_kernel.ops import fp4_moe, hc_prenorm
 from deepseek_v4_kernel.ops import sparse_decode as sd
+from deepseek_v4_kernel.bench import moe_competitors
+from deepseek_v4_kernel.patch import policy
 from deepseek_v4_kernel.switches import InvalidSwitch, choice
 from sglang_env import run_child
 
 PKG = os.path.join(ROOT, "deepseek_v4_kernel")
 # variables we read that hold a path, not a switch value
+# paths, and values with their own typed parser that names the variable (DSV4_KERNEL_MEASURE_BUDGET_S: seconds > 0)
 PATHS = ("DSV4_KERNEL_LIB", "DSV4_KERNEL_STATS_DIR", "DSV4_KERNEL_MEASURED", "DSV4_SGLANG_SOURCES",
-         "DSV4_KERNEL_ENV_SET")
+         "DSV4_KERNEL_ENV_SET", "DSV4_KERNEL_CACHE_DIR", "DSV4_KERNEL_MEASURE_BUDGET_S")
 
 
 def _env(**extra):
@@ -95,7 +98,9 @@ def test_every_choice_switch_refuses_an_unknown_value_where_the_op_reads_it(name
     x, fn = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(24, 256)
     read = {"DSV4_HC_PRENORM_IMPL": lambda: hc_prenorm.dispatch.pick_impl(x, fn, 1),
             "DSV4_HC_PRENORM_PRECISION": hc_prenorm.dispatch._precision,
-            "DSV4_FP4_MOE_IMPL": lambda: fp4_moe.dispatch.default_impl("decode")}[name]
+            "DSV4_FP4_MOE_IMPL": lambda: fp4_moe.dispatch.default_impl("decode"),
+            "DSV4_KERNEL_PREFER": policy.prefer_mode,
+            "DSV4_BENCH_ALLOW_SGLANG_JIT": lambda: moe_competitors._allow_jit(None)}[name]
     with pytest.raises(InvalidSwitch, match=re.escape(said)):
         read()
 

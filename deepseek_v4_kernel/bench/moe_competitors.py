@@ -51,6 +51,7 @@ FLASHINFER_SM90 = "sglang flashinfer_mxfp4 sm90 (FlashInfer CUTLASS W4A16)"
 SHORT = {MARLIN: "marlin", FLASHINFER_SM120: "flashinfer_sm120", FLASHINFER_SM90: "flashinfer_sm90"}
 ALLOW_JIT_ENV = "DSV4_BENCH_ALLOW_SGLANG_JIT"   # "1": let SGLang / FlashInfer compile a missing JIT module;
 #                                                "small": SGLang's small ones only (not moe_wna16_marlin's ~5 min)
+ALLOW_JIT_VALUES = ("0", "1", "small")
 HEAVY_JIT = ("_jit_moe_wna16_marlin_module",)
 
 # SGLang's tvm-ffi JIT modules on the Marlin path: (module, builder, builder args as a thunk, what needs it)
@@ -188,7 +189,9 @@ def _allow_jit(allow_jit) -> str:
     """"all", "small" (SGLang's JIT modules other than HEAVY_JIT) or "" from the argument (True / False / "small")
     or, for None, from DSV4_BENCH_ALLOW_SGLANG_JIT ("1" / "small")."""
     if allow_jit is None:
-        allow_jit = {"1": True, "small": "small"}.get(os.environ.get(ALLOW_JIT_ENV, ""), False)
+        from deepseek_v4_kernel.switches import choice
+
+        allow_jit = {"1": True, "small": "small"}.get(choice(ALLOW_JIT_ENV, ALLOW_JIT_VALUES, "0"), False)
     return "small" if allow_jit == "small" else "all" if allow_jit else ""
 
 
