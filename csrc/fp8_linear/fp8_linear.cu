@@ -17,7 +17,9 @@ constexpr int kNumMt = 6;
 
 template <int MT, int kMode, bool kInt>
 struct Entry {
-  static Kernel get(bool ring) { return ring ? fp8_linear_ring_kernel<MT, kMode, kInt> : fp8_linear_kernel<MT, kMode, kInt>; }
+  static Kernel get(bool ring) {
+    return ring ? fp8_linear_ring_kernel<MT, kMode, kInt> : fp8_linear_kernel<MT, kMode, kInt>;
+  }
   static int smem(bool ring) { return ring ? RingCfg<MT>::kSmemBytes : Cfg<MT, kMode>::kSmemBytes; }
 };
 

@@ -170,8 +170,9 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_linear_ring_kernel(Fp8LinearP
     for (int k = 0; k < 4; ++k) cp_async16_l2(st + wdst + 4096 * k, wsrc[k] + (int64_t)i * kStepK);
     const int q = q0 + i;
     if (kMode == 2 ? tid < kTileN : tid == 0) {
+      const uint8_t* s1 = srow + (int64_t)q * p.s_stride_k;   // mode 1: the aligned word holding the byte
       const uint8_t* s = kMode == 0 ? srow + (int64_t)q * p.s_stride_k * 4
-                       : kMode == 1 ? reinterpret_cast<const uint8_t*>((uintptr_t)(srow + (int64_t)q * p.s_stride_k) & ~(uintptr_t)3)
+                       : kMode == 1 ? reinterpret_cast<const uint8_t*>((uintptr_t)s1 & ~(uintptr_t)3)
                                     : srow + (int64_t)(q >> 2) * p.s_stride_k * 4;
       cp_async4(st + C::kStageW + C::kStageX + C::kStageI + 4 * tid, s);
     }
@@ -181,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_linear_ring_kernel(Fp8LinearP
     const uint4* src = xf + (int64_t)(q0 + i) * MT * 128;
 #pragma unroll
     for (int u = tid; u < MT * 128; u += kThreads) cp_async16_s(st + 16 * u, src + u);
-    if (tid < 2 * MT)
-      cp_async16_s(st + C::kStageX + 16 * tid, reinterpret_cast<const uint4*>(xinv_g + (int64_t)(q0 + i) * MT * 8) + tid);
+    const uint4* inv = reinterpret_cast<const uint4*>(xinv_g + (int64_t)(q0 + i) * MT * 8);
+    if (tid < 2 * MT) cp_async16_s(st + C::kStageX + 16 * tid, inv + tid);
   };
 
 #pragma unroll

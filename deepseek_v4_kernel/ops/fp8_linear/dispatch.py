@@ -44,9 +44,16 @@ RING_BLOCK_OVERHEAD_STEPS = 3.0
 RING_PARTIAL_COST_PER_TOKEN = 0.005   # H200, regs kernel, wq_a at M = 64: 16 splits 17.6 us, 4 splits 31.8 us
 
 
+def ring_stage_bytes(mt: int) -> int:
+    return 16384 + mt * 2048 + mt * 32 + 512   # weights, x fragments, 2^-s per token, scale words
+
+
 def ring_stages(mt: int) -> int:
-    stage = 16384 + mt * 2048 + mt * 32 + 512
-    return min(5, 101376 // stage)
+    return min(5, 101376 // ring_stage_bytes(mt))
+
+
+def ring_smem_bytes(mt: int) -> int:
+    return ring_stages(mt) * ring_stage_bytes(mt)
 
 
 def kernel_choice(kernel: Optional[str] = None) -> str:
