@@ -13,7 +13,9 @@ competitor needs it, as SGLang runs it):
                included; deepgemm_gemm: the GEMM alone on pre-quantized x.
   cublas_bf16  wo_a only: torch.bmm on the dequantized bf16 weight (what SGLang on SM120 runs: it dequantizes wo_a
                to bf16 at load).
-Ours runs mma.sync (f16 x f16, SM120's class) everywhere; "ours_int" is the integer e4m3 decode (A/B).
+Ours runs mma.sync (f16 x f16, SM120's class) everywhere: "ours" the ring kernel (kernel="ring", the default),
+"ours_int" the same with the integer e4m3 decode (A/B), "ours_regs" the first kernel (kernel="regs": weights straight
+to a register ring), each with its own split rule; --sweep-splits times the ring kernel at 1-32 splits.
 Timing: CUDA-graph replays over rotated weight sets (4 x L2 of weights per pass, so no call finds its weights in
 L2), median, µs per call. Floor: (weight + scale + x + out bytes) / the copy rate measured in this run (read + write
 of 1 GiB); "% floor" = floor / ours.
@@ -128,16 +130,14 @@ def time_shape(sh, M, sets, x, comp, only_triton=False, sweep=False, deadline=No
 
     if not only_triton:
         outs = torch.empty(M, *( (sh.groups,) if grouped else ()), sh.N, dtype=torch.bfloat16, device="cuda")
-        if grouped:
-            timed("ours", lambda w, s: (lambda: fp8_grouped_linear(xs, w, s, out=outs)))
-            if not late:
-                timed("ours_int", lambda w, s: (lambda: fp8_grouped_linear(xs, w, s, out=outs, decode="int")))
-        else:
-            timed("ours", lambda w, s: (lambda: fp8_linear(xs, w, s, out=outs)))
-            if not late:
-                timed("ours_int", lambda w, s: (lambda: fp8_linear(xs, w, s, out=outs, decode="int")))
+        op = fp8_grouped_linear if grouped else fp8_linear
+        timed("ours", lambda w, s: (lambda: op(xs, w, s, out=outs, kernel="ring")))
+        timed("ours_regs", lambda w, s: (lambda: op(xs, w, s, out=outs, kernel="regs")))
+        if not late:
+            timed("ours_int", lambda w, s: (lambda: op(xs, w, s, out=outs, decode="int", kernel="ring")))
         props = torch.cuda.get_device_properties(0)
         row["splits"] = pick_splits(M, sh.N, sh.K, sh.groups or 1, props.multi_processor_count)
+        row["splits_regs"] = pick_splits(M, sh.N, sh.K, sh.groups or 1, props.multi_processor_count, kernel="regs")
         if late:
             return row
         if sweep and M in (1, 16, 64):
@@ -145,8 +145,7 @@ def time_shape(sh, M, sets, x, comp, only_triton=False, sweep=False, deadline=No
             for sp in (1, 2, 4, 8, 16, 32):
                 if sp > sh.K // 128:
                     continue
-                f = (lambda w, s, sp=sp: (lambda: fp8_grouped_linear(xs, w, s, out=outs, splits=sp))) if grouped \
-                    else (lambda w, s, sp=sp: (lambda: fp8_linear(xs, w, s, out=outs, splits=sp)))
+                f = (lambda w, s, sp=sp: (lambda: op(xs, w, s, out=outs, splits=sp, kernel="ring")))
                 timed(f"ours_splits{sp}", f)
                 best[sp] = row.get(f"ours_splits{sp}")
             row["splits_sweep"] = {str(k): v for k, v in best.items()}
@@ -266,7 +265,8 @@ def mma_sync_child(args):
 def summarize(rows, bw):
     print(f"\ncopy rate {bw / 1e12:.2f} TB/s; µs per call; x = competitor time / ours")
     hdr = (f"{'shape':15s} {'N':>6s} {'K':>5s} {'G':>2s} {'M':>3s} {'ours':>7s} {'%floor':>6s} {'int':>7s} "
-           f"{'triton':>7s} {'x':>5s} {'tri.mma':>7s} {'x':>5s} {'DG+q':>7s} {'x':>5s} {'DG':>7s} {'bf16':>7s} {'S':>3s}")
+           f"{'regs':>7s} {'x':>5s} {'triton':>7s} {'x':>5s} {'tri.mma':>7s} {'x':>5s} {'DG+q':>7s} {'x':>5s} "
+           f"{'DG':>7s} {'bf16':>7s} {'S':>3s}")
     print(hdr)
 
     def f(v):
@@ -276,7 +276,8 @@ def summarize(rows, bw):
         return f"{a / b:5.2f}" if isinstance(a, float) and isinstance(b, float) and b > 0 else f"{'-':>5s}"
     for r in rows:
         print(f"{r['shape']:15s} {r['N']:6d} {r['K']:5d} {r['G']:2d} {r['M']:3d} {f(r.get('ours'))} "
-              f"{r.get('pct_floor', 0):6.1f} {f(r.get('ours_int'))} {f(r.get('triton'))} {x(r.get('triton'), r.get('ours'))} "
+              f"{r.get('pct_floor', 0):6.1f} {f(r.get('ours_int'))} {f(r.get('ours_regs'))} "
+              f"{x(r.get('ours_regs'), r.get('ours'))} {f(r.get('triton'))} {x(r.get('triton'), r.get('ours'))} "
               f"{f(r.get('triton_mma_sync'))} {x(r.get('triton_mma_sync'), r.get('ours'))} {f(r.get('deepgemm'))} "
               f"{x(r.get('deepgemm'), r.get('ours'))} {f(r.get('deepgemm_gemm'))} {f(r.get('cublas_bf16'))} "
               f"{r.get('splits', 0):3d}")

@@ -255,18 +255,24 @@ int dsv4_fp8_linear(const Fp8LinearParams* p, void* stream) {
     const long long tiles = (p->N + DSV4_FP8_LINEAR_TILE_N - 1) / DSV4_FP8_LINEAR_TILE_N;
     if (p->M < 1 || p->M > DSV4_FP8_LINEAR_MAX_M || p->N < 1 || tiles > 2147483647LL || p->K < 128 || p->K % 128 ||
         p->G < 1 || p->G > 65535 || p->splits < 1 || p->splits > max_splits || p->scale_mode < 0 ||
-        p->scale_mode > 2 || (p->cvt_int != 0 && p->cvt_int != 1) || p->x_stride_m % 8 || p->x_stride_g % 8 ||
+        p->scale_mode > 2 || (p->cvt_int != 0 && p->cvt_int != 1) ||
+        (p->kernel != DSV4_FP8_LINEAR_KERNEL_RING && p->kernel != DSV4_FP8_LINEAR_KERNEL_REGS) ||
+        (p->kernel == DSV4_FP8_LINEAR_KERNEL_RING && (p->xf == nullptr || (uintptr_t)p->xf % 16)) ||
+        p->x_stride_m % 8 || p->x_stride_g % 8 ||
         p->w_stride_n % 16 || p->w_stride_g % 16 || p->w_stride_n < p->K || 8 * p->w_stride_n > 2147483647LL ||
         32 * p->s_stride_n > 2147483647LL || ((uintptr_t)p->x | (uintptr_t)p->w) % 16 || p->x == nullptr ||
         p->w == nullptr || p->scale == nullptr || p->out == nullptr ||
         (p->splits > 1 && (p->ws == nullptr || p->counters == nullptr))) {
       snprintf(g_last_error, sizeof(g_last_error),
-               "fp8_linear: bad sizes M=%lld N=%lld K=%lld G=%lld splits=%lld scale_mode=%lld cvt_int=%lld (expected "
+               "fp8_linear: bad sizes M=%lld N=%lld K=%lld G=%lld splits=%lld scale_mode=%lld cvt_int=%lld kernel=%lld "
+               "(expected "
                "1 <= M <= %d, N >= 1, K a positive multiple of 128, 1 <= G <= 65535, 1 <= splits <= min(K / 128, %d), "
-               "scale_mode 0-2, cvt_int 0 or 1, 16-byte aligned x / w rows (x strides %% 8, w strides %% 16, w row "
+               "scale_mode 0-2, cvt_int 0 or 1, kernel 0 (ring, with a 16-byte aligned xf buffer) or 1, 16-byte aligned "
+               "x / w rows (x strides %% 8, w strides %% 16, w row "
                "stride >= K and < 2^28), non-null x / w / scale / out, a workspace and counters when splits > 1)",
                (long long)p->M, (long long)p->N, (long long)p->K, (long long)p->G, (long long)p->splits,
-               (long long)p->scale_mode, (long long)p->cvt_int, DSV4_FP8_LINEAR_MAX_M, DSV4_FP8_LINEAR_MAX_SPLITS);
+               (long long)p->scale_mode, (long long)p->cvt_int, (long long)p->kernel, DSV4_FP8_LINEAR_MAX_M,
+               DSV4_FP8_LINEAR_MAX_SPLITS);
       return true;
     }
     return false;

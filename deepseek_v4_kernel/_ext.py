@@ -92,6 +92,7 @@ class Fp8LinearParams(ctypes.Structure):
         ("out", _P), ("out_stride_m", _I), ("out_stride_g", _I),
         ("ws", _P), ("counters", _P),
         ("M", _I), ("N", _I), ("K", _I), ("G", _I), ("splits", _I), ("cvt_int", _I),
+        ("kernel", _I), ("xf", _P),
     ]
 
 _ELF_HEADER = 64     # bytes of an ELF64 file header

@@ -49,6 +49,30 @@ def choice(name: str, accepted: Sequence[str], default: Optional[str] = None) ->
     return v
 
 
+class IntRange(tuple):
+    """(lo, hi): the accepted values of an integer switch (``env_int``), both ends included."""
+
+    def __new__(cls, lo: int, hi: int):
+        return super().__new__(cls, (int(lo), int(hi)))
+
+
+def env_int(name: str, lo: int, hi: int, default: Optional[int] = None) -> Optional[int]:
+    """The integer switch ``name``: a decimal integer in [lo, hi] (surrounding blanks ignored); unset or empty gives
+    ``default``. Anything else raises InvalidSwitch naming the variable, the range and the value found."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    v = raw.strip()
+    try:
+        n = int(v, 10)
+    except ValueError:
+        n = None
+    if n is None or not lo <= n <= hi:
+        unset = f" (unset: {default})" if default is not None else ""
+        raise InvalidSwitch(f"{name} must be an integer in [{lo}, {hi}], got {raw!r}{unset}")
+    return n
+
+
 def env_choice(name: str, choices: Sequence[str], default: Optional[str] = None) -> Optional[str]:
     """Same as ``choice`` (the name the ops used first)."""
     return choice(name, choices, default)
@@ -56,7 +80,7 @@ def env_choice(name: str, choices: Sequence[str], default: Optional[str] = None)
 
 # Every switch this package reads from the environment at run time, for the doctor and the start-up line (which
 # check them all at once instead of leaving a bad value to the first call that reads it): name -> None for a boolean
-# switch, else its accepted values (the reading module passes the same tuple to ``choice``; tests/test_switches.py
+# switch, an IntRange (lo, hi) for an integer one (``env_int``), else its accepted values (the reading module passes the same tuple to ``choice``; tests/test_switches.py
 # keeps both equal and finds every switch the package reads). Paths (DSV4_KERNEL_LIB, DSV4_KERNEL_STATS_DIR,
 # DSV4_KERNEL_MEASURED) and build-time variables are not listed.
 SWITCHES = {
@@ -72,6 +96,8 @@ SWITCHES = {
     "DSV4_FP4_MOE_IMPL": ("dequant", "dot_scaled", "mxfp8", "cuda_decode", "cuda_stream"),
     "DSV4_FP4_MOE_PDL": None, "DSV4_FP4_MOE_DEQ_PTX": None,
     "DSV4_BENCH_ALLOW_SGLANG_JIT": ("0", "1", "small"),
+    "DSV4_FP8_LINEAR_KERNEL": ("ring", "regs"), "DSV4_FP8_LINEAR_DECODE": ("cvt", "int"),
+    "DSV4_FP8_LINEAR_SPLITS": IntRange(1, 64), "DSV4_FP8_LINEAR_PDL": None,
 }
 # Read by the patch layer's install (a bad value: nothing is installed, said in one line); the others by the ops
 # (a bad value: each call that reads it goes back to SGLang's own code, WARNING once).
@@ -83,7 +109,12 @@ def problems() -> list:
     out = []
     for name, accepted in SWITCHES.items():
         try:
-            env_bool(name, False) if accepted is None else choice(name, accepted)
+            if accepted is None:
+                env_bool(name, False)
+            elif isinstance(accepted, IntRange):
+                env_int(name, *accepted)
+            else:
+                choice(name, accepted)
         except InvalidSwitch as e:
             out.append(str(e))
     return out

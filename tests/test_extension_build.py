@@ -220,7 +220,8 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
 
 
 def test_fp8_linear_resources_sm120a(tmp_path):
-    """The FP8 linear decode kernel: 6 token-tile counts x 3 scale forms x 2 weight decodes = 36 instances, no spills
+    """The FP8 linear decode kernels: 6 token-tile counts x 3 scale forms x 2 weight decodes = 36 instances of each of
+    the two kernels (register ring, shared-memory ring) + the ring kernel's x prep kernel, no spills
     (checked in _compile_sm120a), 16 B of static shared memory (the last-block flag) beside the dynamic x pieces
     (kernel.cuh Cfg: 3 buffers x piece steps x MT x 2 KB + the scales, <= 101376 B), and the registers and shared memory of
     the blocks per SM the split rule assumes (ops/fp8_linear/dispatch.blocks_per_sm: 2 x 256 threads -> <= 128
@@ -229,7 +230,21 @@ def test_fp8_linear_resources_sm120a(tmp_path):
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in seen.items()})
     from deepseek_v4_kernel.ops.fp8_linear import dispatch
     kern = {k: v for k, v in seen.items() if "fp8_linear_kernel" in k}
-    assert len(kern) == 36 and len(seen) == 36, list(seen)
+    ring = {k: v for k, v in seen.items() if "fp8_linear_ring_kernel" in k}
+    prep = {k: v for k, v in seen.items() if "fp8_linear_prep_x" in k}
+    assert len(kern) == 36 and len(ring) == 36 and len(prep) == 1 and len(seen) == 73, list(seen)
+    # the ring kernel (kernel_ring.cuh): one block of 256 threads per SM (<= 255 registers: checked above), 16 B of
+    # static shared memory (the last-block flag) beside its ring (dispatch.ring_smem_bytes), within an SM120 SM
+    got_ring = set()
+    for name, (regs, static_smem) in ring.items():
+        mt, mode, cvt = re.search(r"fp8_linear_ring_kernelILi(\d+)ELi(\d)ELb([01])E", name).groups()
+        got_ring.add((int(mt), int(mode), cvt))
+        dyn = dispatch.ring_smem_bytes(int(mt))
+        assert static_smem <= 16 and static_smem + dyn <= SMEM_LIMIT, (name, static_smem, dyn)
+        assert static_smem + dyn + 1024 <= 100 * 1024, (name, dyn)
+    assert got_ring == {(m, s, c) for m in dispatch.TILE_COUNTS for s in range(3) for c in "01"}, got_ring
+    (regs, static_smem), = prep.values()
+    assert static_smem == 0 and regs * 256 <= 65536, (regs, static_smem)
     got = set()
     for name, (regs, static_smem) in kern.items():
         mt, mode, cvt = re.search(r"fp8_linear_kernelILi(\d+)ELi(\d)ELb([01])E", name).groups()

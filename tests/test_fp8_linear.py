@@ -28,6 +28,20 @@ SCALE_FORMS = ("f32", "ue8m0", "e8m0fnu", "packed")
 gpu = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def fp8_kernel(request, monkeypatch):
+    """The kernel a GPU test runs (DSV4_FP8_LINEAR_KERNEL): every GPU test runs once per kernel (ring, regs)."""
+    k = getattr(request, "param", None)
+    if k is not None:
+        monkeypatch.setenv(disp.KERNEL_ENV, k)
+    yield k
+
+
+def pytest_generate_tests(metafunc):
+    if "fp8_kernel" in metafunc.fixturenames and metafunc.definition.get_closest_marker("gpu") is not None:
+        metafunc.parametrize("fp8_kernel", disp.KERNELS, indirect=True)
+
+
 # ----------------------------------------------------------------------------- helpers
 def make_weight(N, K, form, device, groups=None, seed=0):
     """Real weights (per-block magnitudes spread over several binades) -> e4m3 + scales in the given form."""
@@ -206,17 +220,23 @@ def test_zero_tokens_return_empty():
 
 def test_pick_splits_rule():
     """Pinned at the docstring's shapes (132 SMs, M = 1), and always within [1, min(K / 128, 64)]."""
+    assert disp.pick_splits(1, 1024, 4096, 1, 132, kernel="regs") == 16
+    assert disp.pick_splits(1, 32768, 1024, 1, 132, kernel="regs") == 1
+    assert disp.pick_splits(1, 4096, 8192, 1, 132, kernel="regs") == 8
+    assert disp.pick_splits(1, 1024, 4096, 8, 132, kernel="regs") == 4
     assert disp.pick_splits(1, 1024, 4096, 1, 132) == 16
+    assert disp.pick_splits(64, 1024, 4096, 1, 132) == 11
     assert disp.pick_splits(1, 32768, 1024, 1, 132) == 1
-    assert disp.pick_splits(1, 4096, 8192, 1, 132) == 8
-    assert disp.pick_splits(1, 1024, 4096, 8, 132) == 4
+    assert disp.pick_splits(1, 4096, 8192, 1, 132) == 4
+    assert disp.pick_splits(1, 1024, 4096, 8, 132) == 2
     for tp in TP_SIZES:
         for sh in model_shapes(tp):
             for sms in (24, 132, 170, 188):
                 for M in (1, 8, 16, 33, 64):
                     for mode in (0, 1, 2):
-                        s = disp.pick_splits(M, sh.N, sh.K, sh.groups or 1, sms, mode)
-                        assert 1 <= s <= min(sh.K // 128, 64), (sh, sms, M, s)
+                        for kern in disp.KERNELS:
+                            s = disp.pick_splits(M, sh.N, sh.K, sh.groups or 1, sms, mode, kern)
+                            assert 1 <= s <= min(sh.K // 128, 64), (sh, sms, M, s)
 
 
 def test_token_tile_mirror_of_the_kernel():
@@ -232,6 +252,31 @@ def test_token_tile_mirror_of_the_kernel():
     assert [disp.ring_steps(t) for t in disp.TILE_COUNTS] == [3, 3, 2, 2, 3, 3]
     assert [disp.piece_steps(t) for t in disp.TILE_COUNTS] == [3, 3, 2, 2, 1, 1]
     assert "kMinBlocks = (MT <= 3 || (MT == 4 && kMode != 2)) ? 2 : 1;" in hdr
+    ring = open(os.path.join(csrc, "kernel_ring.cuh")).read()
+    assert "kStages = kFit > 5 ? 5 : kFit;" in ring and "kStage = kStageW + kStageX + kStageI + kStageS;" in ring
+    assert [disp.ring_stages(t) for t in disp.TILE_COUNTS] == [5, 4, 4, 4, 3, 3]
+    assert all(disp.ring_smem_bytes(t) <= 101376 for t in disp.TILE_COUNTS)
+
+
+def test_kernel_and_splits_switches(monkeypatch):
+    """DSV4_FP8_LINEAR_KERNEL / _DECODE / _SPLITS go through the one parser: bad values name the variable."""
+    from deepseek_v4_kernel.switches import SWITCHES, InvalidSwitch
+    assert SWITCHES[disp.KERNEL_ENV] == disp.KERNELS and SWITCHES[disp.DECODE_ENV] == disp.DECODES
+    assert tuple(SWITCHES[disp.SPLITS_ENV]) == (1, disp.MAX_SPLITS)
+    assert disp.kernel_choice() == "ring" and disp.decode_choice() == "cvt"
+    monkeypatch.setenv(disp.KERNEL_ENV, " REGS ")
+    assert disp.kernel_choice() == "regs" and disp.kernel_choice("ring") == "ring"
+    monkeypatch.setenv(disp.KERNEL_ENV, "fast")
+    with pytest.raises(InvalidSwitch, match="DSV4_FP8_LINEAR_KERNEL must be one of ring, regs, got 'fast'"):
+        disp.kernel_choice()
+    monkeypatch.setenv(disp.SPLITS_ENV, "3")
+    assert disp.pick_splits(1, 1024, 4096, 1, 132) == 3
+    monkeypatch.setenv(disp.SPLITS_ENV, "200")
+    with pytest.raises(InvalidSwitch, match=r"DSV4_FP8_LINEAR_SPLITS must be an integer in \[1, 64\], got '200'"):
+        disp.pick_splits(1, 1024, 4096, 1, 132)
+    monkeypatch.setenv(disp.SPLITS_ENV, "two")
+    with pytest.raises(InvalidSwitch, match="DSV4_FP8_LINEAR_SPLITS must be an integer"):
+        disp.pick_splits(1, 1024, 4096, 1, 132)
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -371,7 +416,8 @@ def test_c_abi_refuses_bad_sizes():
         pytest.skip("the CUDA extension with fp8_linear is not built here (scripts/build_ext.sh)")
     lib = _ext.load()
     base = dict(M=1, N=256, K=256, G=1, splits=1, w_stride_n=256, x=16, w=16, scale=16, out=16)
-    for bad in (dict(splits=3), dict(K=200, w_stride_n=208), dict(M=65), dict(splits=2), dict(scale_mode=3)):
+    for bad in (dict(splits=3), dict(K=200, w_stride_n=208), dict(M=65), dict(splits=2), dict(scale_mode=3),
+                dict(kernel=1, splits=3), dict(kernel=2, xf=16), dict(kernel=0, xf=None)):
         p = _ext.Fp8LinearParams(**{**base, **bad})
         assert lib.dsv4_fp8_linear(ctypes.byref(p), None) != 0, bad
         assert "fp8_linear: bad sizes" in _ext.last_error(), bad

@@ -15,6 +15,7 @@ from deepseek_v4_kernel import switches
 from deepseek_v4_kernel.ops import fp4_moe, hc_prenorm
 from deepseek_v4_kernel.ops import sparse_decode as sd
 from deepseek_v4_kernel.bench import moe_competitors
+from deepseek_v4_kernel.ops.fp8_linear import dispatch as fp8_dispatch
 from deepseek_v4_kernel.patch import policy
 from deepseek_v4_kernel.switches import InvalidSwitch, choice
 from sglang_env import run_child
@@ -64,7 +65,7 @@ def test_every_switch_the_package_reads_is_in_the_table_and_read_by_the_parser()
     for path in _sources(".py"):
         text = open(path).read()
         consts = dict(re.findall(r'^\s*([A-Z_]+_ENV)\s*=\s*"(DSV4_[A-Z0-9_]+)"', text, re.M))
-        for m in re.finditer(r'\b(?:env_bool|env_choice|choice|env_flag)\(\s*(?:"(DSV4_[A-Z0-9_]+)"|([A-Z_]+_ENV)\b)',
+        for m in re.finditer(r'\b(?:env_bool|env_choice|choice|env_flag|env_int)\(\s*(?:"(DSV4_[A-Z0-9_]+)"|([A-Z_]+_ENV)\b)',
                              text):
             read.add(m.group(1) or consts.get(m.group(2), m.group(2)))
         rel = os.path.relpath(path, ROOT)
@@ -83,7 +84,8 @@ def test_every_switch_the_package_reads_is_in_the_table_and_read_by_the_parser()
     assert not missing, f"read but not in switches.SWITCHES (the doctor would not check them): {missing}"
 
 
-@pytest.mark.parametrize("name", sorted(n for n, a in switches.SWITCHES.items() if a is not None))
+@pytest.mark.parametrize("name", sorted(n for n, a in switches.SWITCHES.items()
+                                        if a is not None and not isinstance(a, switches.IntRange)))
 def test_every_choice_switch_refuses_an_unknown_value_where_the_op_reads_it(name, monkeypatch):
     """Unknown values are errors naming the variable and every accepted value (an InvalidSwitch, i.e. an
     UnsupportedCase: inside SGLang the call goes back to SGLang's own code), read where the op reads it."""
@@ -100,9 +102,25 @@ def test_every_choice_switch_refuses_an_unknown_value_where_the_op_reads_it(name
             "DSV4_HC_PRENORM_PRECISION": hc_prenorm.dispatch._precision,
             "DSV4_FP4_MOE_IMPL": lambda: fp4_moe.dispatch.default_impl("decode"),
             "DSV4_KERNEL_PREFER": policy.prefer_mode,
-            "DSV4_BENCH_ALLOW_SGLANG_JIT": lambda: moe_competitors._allow_jit(None)}[name]
+            "DSV4_BENCH_ALLOW_SGLANG_JIT": lambda: moe_competitors._allow_jit(None),
+            "DSV4_FP8_LINEAR_KERNEL": fp8_dispatch.kernel_choice,
+            "DSV4_FP8_LINEAR_DECODE": fp8_dispatch.decode_choice}[name]
     with pytest.raises(InvalidSwitch, match=re.escape(said)):
         read()
+
+
+@pytest.mark.parametrize("name", sorted(n for n, a in switches.SWITCHES.items() if isinstance(a, switches.IntRange)))
+def test_every_int_switch_refuses_a_value_outside_its_range(name, monkeypatch):
+    """Integer switches (env_int): a non-integer or a value outside the range names the variable and the range."""
+    lo, hi = switches.SWITCHES[name]
+    for bad in ("fastest", str(hi + 1), str(lo - 1)):
+        monkeypatch.setenv(name, bad)
+        said = f"{name} must be an integer in [{lo}, {hi}], got {bad!r}"
+        with pytest.raises(InvalidSwitch, match=re.escape(said)):
+            switches.env_int(name, lo, hi)
+        assert any(p.startswith(f"{name} must be an integer") for p in switches.problems())
+    monkeypatch.setenv(name, f" {hi} ")
+    assert switches.env_int(name, lo, hi) == hi
 
 
 @pytest.mark.parametrize("name", ["DSV4_KERNEL_FORCE", "DSV4_HC_PRENORM_ATOMIC", "DSV4_FP4_MOE_IMPL"])

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# fp8_linear on the GPU test machine (H200): its GPU tests, then the bench (ours vs SGLang's Triton block-FP8 GEMM,
+# fp8_linear on the GPU test machine (H200): its GPU tests (each GPU test once per kernel: ring, regs), then the bench
+# (ours: the ring kernel, its int decode and the first "regs" kernel, vs SGLang's Triton block-FP8 GEMM,
 # natively and as mma.sync, DeepGEMM's native kernel, cuBLAS bf16 for wo_a), results under $OUT/fp8_linear/.
 # Usage (repo root, library built by `DSV4_KERNEL_EXTRA_ARCHS=90a scripts/build.sh` into build/dsv4; SGLang 0.5.17 and
 # DeepGEMM from the e2e bundle at $DSV4_E2E_SITE, default /tmp/e2e/site, transformers from its sibling tf/):
 #   OUT=/some/dir bash tools/gpu_fp8_linear.sh [extra bench args, e.g. --tp 2]
-# Bounded: tests <= 45 s, bench <= 100 s (its mma.sync child <= 45 s of that); ~150 s in all. Prints the pytest tail
-# and the bench's summary table last (per shape and M: ours µs, % of the byte floor, the int decode, Triton native /
+# Bounded: tests <= 45 s, bench <= 105 s (its mma.sync child <= 40 s of that); ~155 s in all. Prints the pytest tail
+# and the bench's summary table last (per shape and M: ours µs, % of the byte floor, the int decode, the regs kernel and
+# its ratio to ours, Triton native /
 # mma.sync, DeepGEMM with / without its activation quant, cuBLAS bf16 for wo_a, and the split count).
 set -uo pipefail
 OUT=${OUT:?set OUT to a directory for the results}/fp8_linear
@@ -28,7 +30,7 @@ echo "pytest rc=$? ($(( $(date +%s) - t0 )) s)"; tail -15 "$OUT/pytest.log"
 t0=$(date +%s)
 PP=$PWD
 [ -d "$SITE" ] && PP=$TF:$SITE:$PWD || echo "gpu_fp8_linear: no $SITE: SGLang / DeepGEMM competitors will say why they are missing"
-PYTHONPATH=$PP timeout 100 python3 benchmarks/bench_fp8_linear.py --out "$OUT" --sweep-splits --budget-s 40 --child-timeout 40 "$@" \
+PYTHONPATH=$PP timeout 105 python3 benchmarks/bench_fp8_linear.py --out "$OUT" --sweep-splits --budget-s 35 --child-timeout 40 "$@" \
   > "$OUT/bench.log" 2>&1
 echo "bench rc=$? ($(( $(date +%s) - t0 )) s)"
 grep -v '^{' "$OUT/bench.log" | tail -80

@@ -25,6 +25,7 @@
 #include "fp8_linear/params.h"
 #include "fp8_linear/fragments.cuh"
 #include "common/device.cuh"
+#include "fp8_linear/epilogue.cuh"
 
 namespace dsv4 {
 namespace fp8lin {
@@ -239,11 +240,6 @@ __device__ __forceinline__ void compute_step(float (&acc)[MT][4], const WStep<kM
   }
 }
 
-__device__ __forceinline__ float bias_at(const Fp8LinearParams& p, int64_t row) {
-  if (p.bias == nullptr) return 0.f;
-  return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p.bias)[(int64_t)blockIdx.z * p.bias_stride_g + row]);
-}
-
 // ---- the kernel -------------------------------------------------------------------------------------------------
 template <int MT, int kMode, bool kIntCvt>
 __global__ void __launch_bounds__(kThreads, Cfg<MT, kMode>::kMinBlocks) fp8_linear_kernel(Fp8LinearParams p) {
@@ -349,42 +345,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<MT, kMode>::kMinBlocks) fp8_line
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float* tile0 = p.ws + ((int64_t)grp * p.splits * tiles + tile) * tile_part;
-  const int64_t split_stride = (int64_t)tiles * tile_part;
-  const int S = (int)p.splits;
-  for (int e = tid; e < M * (kTileN / 4); e += kThreads) {   // 4 rows per thread and pass (float4 partials)
-    const int tok = e / (kTileN / 4), r = 4 * (e % (kTileN / 4));
-    const int64_t row = (int64_t)tile * kTileN + r;
-    if (row >= p.N) continue;
-    const float4* src = reinterpret_cast<const float4*>(tile0 + (int64_t)tok * kTileN + r);
-    const int64_t sstride = split_stride / 4;
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    int j = 0;
-    for (; j + 4 <= S; j += 4) {   // loads first, then the adds in split order
-      float4 v[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) v[q] = __ldcg(src + (int64_t)(j + q) * sstride);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        sum.x += v[q].x;
-        sum.y += v[q].y;
-        sum.z += v[q].z;
-        sum.w += v[q].w;
-      }
-    }
-    for (; j < S; ++j) {
-      const float4 v = __ldcg(src + (int64_t)j * sstride);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
-    __nv_bfloat16* o = out + (int64_t)tok * p.out_stride_m + row;
-    const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (row + q < p.N) o[q] = __float2bfloat16_rn(sv[q] + bias_at(p, row + q));
-  }
+  sum_split_partials(p, out, tile, tiles, M, tid, kThreads);
 }
 
 }  // namespace fp8lin

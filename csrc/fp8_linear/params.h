@@ -14,6 +14,10 @@ extern "C" {
 #define DSV4_FP8_LINEAR_TILE_N 128
 // Most K splits per call (the fixed-order reduction of the last block loops over them).
 #define DSV4_FP8_LINEAR_MAX_SPLITS 64
+// kernel: 0 = weights through a shared-memory ring of cp.async stages (kernel_ring.cuh, x converted once per call
+// by a prep kernel); 1 = the first kernel, weights straight to a register ring (kernel.cuh), kept for A/B runs.
+#define DSV4_FP8_LINEAR_KERNEL_RING 0
+#define DSV4_FP8_LINEAR_KERNEL_REGS 1
 
 // Weight scale forms (scale_mode):
 //   0: float32 [G, ceil(N/128), K/128] (SGLang's weight_scale_inv: w = w_fp8 * scale)
@@ -45,6 +49,9 @@ typedef struct Fp8LinearParams {
   int64_t G;                // groups (1 for a plain linear)
   int64_t splits;           // K splits, 1..min(K / 128, DSV4_FP8_LINEAR_MAX_SPLITS)
   int64_t cvt_int;          // 1: e4m3 -> f16 by integer ops instead of cvt.rn.f16x2.e4m3x2 (A/B switch)
+  int64_t kernel;           // DSV4_FP8_LINEAR_KERNEL_*: which kernel runs the call
+  void* xf;                 // ring kernel: f16 B fragments of x, [G, K/128, MT, 4, 32] x 16 B (written by its prep
+                            // kernel in the same call), then the 2^-s per (group, step, token): [G, K/128, 8 MT] fp32
 } Fp8LinearParams;
 
 #ifdef __cplusplus

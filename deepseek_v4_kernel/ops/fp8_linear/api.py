@@ -14,7 +14,9 @@ the shape part without raising). x is never quantized: the kernel converts it to
 
 Keyword options (benchmarks, A/B runs): ``splits`` (K splits, default pick_splits: shape and SM count),
 ``decode`` ("cvt": cvt.rn.f16x2.e4m3x2, the default; "int": the integer e4m3 -> f16 decode; env
-DSV4_FP8_LINEAR_DECODE). CUDA-graph safe: no host sync, the split-K workspace and tile counters are persistent
+DSV4_FP8_LINEAR_DECODE), ``kernel`` ("ring": weights through a shared-memory ring of cp.async stages, x converted
+once per call by a prep kernel, the default; "regs": the first kernel, weights straight to registers; env
+DSV4_FP8_LINEAR_KERNEL). CUDA-graph safe: no host sync, the split-K workspace and tile counters are persistent
 per (device, stream) (ops/_workspace.py).
 """
 from __future__ import annotations
@@ -28,11 +30,12 @@ from deepseek_v4_kernel.ops import _workspace
 from deepseek_v4_kernel.ops._device import extension_error, on_input_device, sm_count
 from deepseek_v4_kernel.ops._stats import count
 
-from .dispatch import (BLOCK_SIZE, MODE_PACKED, OP, STEP_K, TILE_N, expected_scale_shape,
-                       fp8_linear_supported, pick_splits, scale_mode_of)
+from .dispatch import (BLOCK_SIZE, DECODES, KERNEL_IDS, KERNELS, MODE_PACKED, OP, STEP_K, TILE_N,
+                       decode_choice, expected_scale_shape, fp8_linear_supported, kernel_choice, pick_splits,
+                       scale_mode_of, token_tiles)
 
-DECODES = ("cvt", "int")
 _WS_POOL: dict = {}        # split-K partials, fp32, per (device, stream)
+_XF_POOL: dict = {}        # ring kernel: x as f16 fragments + 2^-s, written by its prep kernel each call
 _COUNTER_POOL: dict = {}   # tile counters, int32, zero between calls, per (device, stream)
 _MIN_COUNTERS = 4096
 
@@ -48,11 +51,17 @@ def _desc(t):
 
 
 def _decode_choice(decode: Optional[str]) -> str:
-    import os
-    d = decode if decode is not None else (os.environ.get("DSV4_FP8_LINEAR_DECODE", "").strip() or "cvt")
+    d = decode_choice(decode)
     if d not in DECODES:
         _err(f"decode must be one of {list(DECODES)} (or DSV4_FP8_LINEAR_DECODE), got {d!r}")
     return d
+
+
+def _kernel_choice(kernel: Optional[str]) -> str:
+    k = kernel_choice(kernel)
+    if k not in KERNELS:
+        _err(f"kernel must be one of {list(KERNELS)} (or DSV4_FP8_LINEAR_KERNEL), got {k!r}")
+    return k
 
 
 def _check_common(x, weight, weight_scale, grouped: bool, block_size):
@@ -117,7 +126,7 @@ def _counters(dev, n):
     return buf
 
 
-def _launch(x, weight, weight_scale, mode, bias, out, M, N, K, G, splits, decode):
+def _launch(x, weight, weight_scale, mode, bias, out, M, N, K, G, splits, decode, kernel):
     dev = x.device
     if dev.type != "cuda":
         _err(f"needs a CUDA device, got x on {dev}")
@@ -129,7 +138,7 @@ def _launch(x, weight, weight_scale, mode, bias, out, M, N, K, G, splits, decode
         _err(why)
     steps = K // STEP_K
     if splits is None:
-        splits = pick_splits(M, N, K, G, sm_count(dev), mode)
+        splits = pick_splits(M, N, K, G, sm_count(dev), mode, kernel)
     elif not isinstance(splits, int) or not 1 <= splits <= min(steps, 64):
         _err(f"splits must be an int in [1, min(K / 128, 64)] = [1, {min(steps, 64)}], got {splits!r}")
     tiles = -(-N // TILE_N)
@@ -137,6 +146,10 @@ def _launch(x, weight, weight_scale, mode, bias, out, M, N, K, G, splits, decode
     ws = None
     if splits > 1:
         ws = _workspace.scratch(_WS_POOL, dev, G * splits * tiles * M * TILE_N, torch.float32)
+    xf = None
+    if kernel == "ring":   # [G, K/128, MT, 4, 32] x 16 B of f16 fragments, then [G, K/128, 8 MT] fp32 (params.h)
+        mt = token_tiles(M)
+        xf = _workspace.scratch(_XF_POOL, dev, G * steps * mt * (2048 + 32) // 4, torch.float32)
     grouped = weight.dim() == 3
     sc = weight_scale.view(torch.uint8) if weight_scale.dtype not in (torch.float32, torch.int32, torch.uint8) \
         else weight_scale
@@ -149,37 +162,39 @@ def _launch(x, weight, weight_scale, mode, bias, out, M, N, K, G, splits, decode
     p.out, p.out_stride_m, p.out_stride_g = out.data_ptr(), out.stride(0), (out.stride(1) if grouped else 0)
     p.ws, p.counters = (ws.data_ptr() if ws is not None else None), counters.data_ptr()
     p.M, p.N, p.K, p.G, p.splits, p.cvt_int = M, N, K, G, splits, int(decode == "int")
+    p.kernel, p.xf = KERNEL_IDS[kernel], (xf.data_ptr() if xf is not None else None)
     lib = load()
     with torch.cuda.device(dev):
         rc = lib.dsv4_fp8_linear(p, torch.cuda.current_stream(dev).cuda_stream)
     if rc != 0:
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
-    count(OP, "cuda" if decode == "cvt" else "cuda_int")
+    count(OP, ("cuda" if decode == "cvt" else "cuda_int") + ("" if kernel == "ring" else "_regs"))
     return out
 
 
 @on_input_device
-def fp8_linear(x, weight, weight_scale, *, block_size=BLOCK_SIZE, bias=None, out=None, splits=None, decode=None):
+def fp8_linear(x, weight, weight_scale, *, block_size=BLOCK_SIZE, bias=None, out=None, splits=None, decode=None,
+               kernel=None):
     """y = x weight^T (+ bias), weight block-scaled e4m3 (see the module docstring). Returns bf16 [M, N]."""
     M, N, K, _, mode = _check_common(x, weight, weight_scale, False, block_size)
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype != torch.bfloat16
                              or tuple(bias.shape) != (N,) or bias.stride(0) != 1 or bias.device != x.device):
         _err(f"bias must be None or bf16 [N] = [{N}] contiguous on {x.device}, got {_desc(bias)}")
     out = _check_out(out, (M, N), x.device)
-    decode = _decode_choice(decode)
+    decode, kernel = _decode_choice(decode), _kernel_choice(kernel)
     if M == 0:
         return out
-    return _launch(x, weight, weight_scale, mode, bias, out, M, N, K, 1, splits, decode)
+    return _launch(x, weight, weight_scale, mode, bias, out, M, N, K, 1, splits, decode, kernel)
 
 
 @on_input_device
-def fp8_grouped_linear(x, weight, weight_scale, *, out=None, splits=None, decode=None):
+def fp8_grouped_linear(x, weight, weight_scale, *, out=None, splits=None, decode=None, kernel=None):
     """out[m, g, n] = sum_k x[m, g, k] weight[g, n, k] (block-scaled e4m3): DeepSeek-V4's wo_a
     (deep_gemm.fp8_einsum("bhr,hdr->bhd") with G = o_groups / attention TP, N = o_lora_rank, K = 4096). bf16
     [M, G, N]."""
     M, N, K, G, mode = _check_common(x, weight, weight_scale, True, BLOCK_SIZE)
     out = _check_out(out, (M, G, N), x.device)
-    decode = _decode_choice(decode)
+    decode, kernel = _decode_choice(decode), _kernel_choice(kernel)
     if M == 0:
         return out
-    return _launch(x, weight, weight_scale, mode, None, out, M, N, K, G, splits, decode)
+    return _launch(x, weight, weight_scale, mode, None, out, M, N, K, G, splits, decode, kernel)

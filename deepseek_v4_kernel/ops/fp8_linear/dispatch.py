@@ -2,10 +2,11 @@
 tensor is, and how many K splits a call gets (``pick_splits``). Nothing here touches a device or an engine."""
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import torch
+
+from deepseek_v4_kernel.switches import choice, env_int
 
 OP = "fp8_linear"
 MAX_M = 64           # DSV4_FP8_LINEAR_MAX_M (params.h): 8 token tiles of the MMA's n = 8
@@ -26,6 +27,48 @@ MODE_NAMES = {MODE_F32: "float32", MODE_UE8M0: "ue8m0", MODE_PACKED: "ue8m0 pack
 BLOCK_OVERHEAD_STEPS = 1.0
 PARTIAL_COST_PER_TOKEN = 0.03
 INFLIGHT_NEED_KB = 40.0
+
+# Kernels (params.h DSV4_FP8_LINEAR_KERNEL_*): "ring" (kernel_ring.cuh, the default: weights through a shared-memory
+# ring of cp.async stages, x converted once per call), "regs" (kernel.cuh: weights straight to a register ring; A/B).
+KERNELS = ("ring", "regs")
+KERNEL_IDS = {"ring": 0, "regs": 1}
+KERNEL_ENV = "DSV4_FP8_LINEAR_KERNEL"
+DECODES = ("cvt", "int")
+DECODE_ENV = "DSV4_FP8_LINEAR_DECODE"
+SPLITS_ENV = "DSV4_FP8_LINEAR_SPLITS"
+
+# Ring kernel (kernel_ring.cuh RingCfg): stages per token-tile count (16 KB of weights each, kStages - 1 in flight,
+# one block per SM) and the split rule's fixed cost per block in step-times: the ring's fill (about one loaded DRAM
+# latency, ~1.5 us, against ~0.5 us per 16 KB step at an SM's share of the copy rate).
+RING_BLOCK_OVERHEAD_STEPS = 3.0
+RING_PARTIAL_COST_PER_TOKEN = 0.005   # H200, regs kernel, wq_a at M = 64: 16 splits 17.6 us, 4 splits 31.8 us
+
+
+def ring_stage_bytes(mt: int) -> int:
+    return 16384 + mt * 2048 + mt * 32 + 512   # weights, x fragments, 2^-s per token, scale words
+
+
+def ring_stages(mt: int) -> int:
+    return min(5, 101376 // ring_stage_bytes(mt))
+
+
+def ring_smem_bytes(mt: int) -> int:
+    return ring_stages(mt) * ring_stage_bytes(mt)
+
+
+def kernel_choice(kernel: Optional[str] = None) -> str:
+    """The kernel of a call: the keyword, else DSV4_FP8_LINEAR_KERNEL, else "ring"."""
+    if kernel is None:
+        return choice(KERNEL_ENV, KERNELS, "ring")
+    return kernel
+
+
+def decode_choice(decode: Optional[str] = None) -> str:
+    """The weight decode of a call: the keyword, else DSV4_FP8_LINEAR_DECODE, else "cvt"."""
+    if decode is None:
+        return choice(DECODE_ENV, DECODES, "cvt")
+    return decode
+
 
 # Mirror of csrc/fp8_linear (fp8_linear.cu kTileCounts, kernel.cuh Cfg): token tiles per M, ring depth, x piece
 # steps and blocks per SM of each instance (tests/test_extension_build.py checks the registers behind the blocks per SM).
@@ -92,33 +135,34 @@ def fp8_linear_supported(M: int, N: int, K: int, block_size=BLOCK_SIZE, scale_dt
     return True, ""
 
 
-def _env_splits() -> Optional[int]:
-    v = os.environ.get("DSV4_FP8_LINEAR_SPLITS", "").strip()
-    return int(v) if v else None
-
-
-def pick_splits(M: int, N: int, K: int, groups: int, sms: int, mode: int = MODE_F32) -> int:
+def pick_splits(M: int, N: int, K: int, groups: int, sms: int, mode: int = MODE_F32, kernel: str = "ring") -> int:
     """K splits of one call (grid = ceil(N / 128) tiles x splits x groups), from the shape and the SM count only.
 
     Cost model in step-times (one warp step streams 16 rows x 128 B; a block's 8 warps run side by side), per SM:
     ceil(blocks / SMs) x (steps per split + BLOCK_OVERHEAD_STEPS) / eff + (splits - 1) x M x PARTIAL_COST_PER_TOKEN,
     eff = min(1, resident blocks x bytes in flight per block / INFLIGHT_NEED_KB) (8 warps x (ring - 1) steps x 2 KB
-    per block). The smallest cost wins, ties to fewer splits. At 132 SMs, M = 1: wq_a 1024 x 4096 -> 16 splits,
-    wq_b 32768 x 1024 -> 1, wo_b 4096 x 8192 -> 8, wo_a 8 x 1024 x 4096 -> 4 (tests/test_fp8_linear.py pins these)."""
-    forced = _env_splits()
+    per block). The smallest cost wins, ties to fewer splits. At 132 SMs, M = 1, kernel "regs": wq_a 1024 x 4096 ->
+    16 splits, wq_b 32768 x 1024 -> 1, wo_b 4096 x 8192 -> 8, wo_a 8 x 1024 x 4096 -> 4 (measured best on the H200
+    but wo_b, not swept). Kernel "ring": one block per SM, (stages - 1) x 16 KB in flight, RING_BLOCK_OVERHEAD_STEPS
+    per block (tests/test_fp8_linear.py pins both)."""
+    forced = env_int(SPLITS_ENV, 1, MAX_SPLITS)
     steps = K // STEP_K
     top = max(1, min(steps, MAX_SPLITS))
     if forced is not None:
         return max(1, min(top, forced))
     mt = token_tiles(M)
-    occ = blocks_per_sm(mt, mode)
-    inflight_kb = 8 * (ring_steps(mt) - 1) * 2.0
+    if kernel == "ring":
+        occ, inflight_kb, overhead = 1, (ring_stages(mt) - 1) * 16.0, RING_BLOCK_OVERHEAD_STEPS
+        partial = RING_PARTIAL_COST_PER_TOKEN
+    else:
+        occ, inflight_kb, overhead = blocks_per_sm(mt, mode), 8 * (ring_steps(mt) - 1) * 2.0, BLOCK_OVERHEAD_STEPS
+        partial = PARTIAL_COST_PER_TOKEN
     tiles = -(-N // TILE_N) * groups
     best, best_cost = 1, None
     for s in range(1, top + 1):
         per_sm = -(-(tiles * s) // sms)
         eff = min(1.0, min(per_sm, occ) * inflight_kb / INFLIGHT_NEED_KB)
-        cost = per_sm * (-(-steps // s) + BLOCK_OVERHEAD_STEPS) / eff + (s - 1) * M * PARTIAL_COST_PER_TOKEN
+        cost = per_sm * (-(-steps // s) + overhead) / eff + (s - 1) * M * partial
         if best_cost is None or cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best
