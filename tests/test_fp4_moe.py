@@ -669,7 +669,8 @@ def test_cuda_stream_refuses_by_name():
     w = _rand_weights(8, 256, 128)
     x = torch.randn(4, 256, device="cuda").bfloat16()
     tw, ids = make_routing(4, 8, 2, "cuda")
-    with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': stream variant must be one of \[0, 1, 2, 3, 4, 5\], got 7"):
+    with pytest.raises(UnsupportedCase,
+                       match=r"impl 'cuda_stream': stream variant must be one of \[0, 1, 2, 3, 4, 5\], got 7"):
         op.fp4_moe(x, *w, tw, ids, impl="cuda_stream", config={"stream": {"variant": 7}})
     with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': stream wpi2 must be 1, 2 or 4, got 3"):
         op.fp4_moe(x, *w, tw, ids, impl="cuda_stream", config={"stream": {"wpi2": 3}})

@@ -80,12 +80,13 @@ for name in ("i2048", "diag", "i1024"):
             print("        failed: " + "; ".join(f"{k}: {row[k + '_error'][:120]}" for k in errs))
 if "diag" in summary:
     print("\ndiagnostics (% of the weight floor): loads-only = the memory-side ceiling of that load scheme, "
-          "compute-only = the compute-side ceiling; the real kernel sits near the lower of the two if it is one limiter")
+          "compute-only = the compute-side ceiling; the real kernel sits near the lower of the two if it is one "
+          "limiter")
     for row in summary["diag"]["rows"]:
         fl = row["weight_floor_us"]
         pct = lambda i: f"{100 * fl / row[i + '_us']:.0f}%" if i + "_us" in row else "-"
-        print(f"  {row['tokens']:4d} tokens: v0 {pct('cuda_stream')} (loads {pct('cuda_stream_diag_loads_v0')}, compute "
-              f"{pct('cuda_stream_diag_compute_v0')}); v1 {pct('cuda_stream_v1')} (loads "
+        print(f"  {row['tokens']:4d} tokens: v0 {pct('cuda_stream')} (loads {pct('cuda_stream_diag_loads_v0')}, "
+              f"compute {pct('cuda_stream_diag_compute_v0')}); v1 {pct('cuda_stream_v1')} (loads "
               f"{pct('cuda_stream_diag_loads_v1')}, compute {pct('cuda_stream_diag_compute_v1')}); v3 "
               f"{pct('cuda_stream_v3')} (loads {pct('cuda_stream_diag_loads_v3')})")
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)

@@ -30,7 +30,9 @@ constexpr int kDiagLoads = 1, kDiagCompute = 2;
 constexpr int kStageWBytes = kRows * 32 * 16;
 constexpr int kStageBytes = kStageWBytes + kRows * 32 * 4;   // 2560
 // Dynamic shared memory of a block for a ring of kSt stages per warp (0 for the register sources).
-__host__ __device__ constexpr int ring_smem_bytes(int src, int st) { return src == kSrcSmem ? kWarps * st * kStageBytes : 0; }
+__host__ __device__ constexpr int ring_smem_bytes(int src, int st) {
+  return src == kSrcSmem ? kWarps * st * kStageBytes : 0;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -55,7 +57,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // cp.async form of load_weights: step q of this lane's rows into `stage`. uint8 scales: the aligned word holding
 // the lane's byte (the scale row offset + 4 q is a multiple of 4: the C ABI checks the pointer and strides).
 template <bool kScaleF32>
-__device__ __forceinline__ void copy_weights(uint8_t* stage, const Rows& r, const void* scales, int q, int lane, int c) {
+__device__ __forceinline__ void copy_weights(uint8_t* stage, const Rows& r, const void* scales, int q, int lane,
+                                             int c) {
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     cp_async16(smem_u32(stage + (i * 32 + lane) * 16), r.w[i] + (int64_t)q * kStepBytes + c * 16);

@@ -79,7 +79,8 @@ from deepseek_v4_kernel.ops._workspace import scratch
 
 from .dispatch import (_CFG_KEYS, _IMPL_CODE, DECODE_GEMM2_TILE, GROUP, IMPLS, LAST_KERNELS, OP,
                        SMALL_ROUTE_MAX_SLOTS, STREAM_DIAGS, STREAM_VARIANTS, _cuda_decode_unsupported,
-                       _cuda_stream_unsupported, _finish_config, _interp, _pick_config, k_per_split, max_row_blocks, pick_impl, split_k, stream_plan)
+                       _cuda_stream_unsupported, _finish_config, _interp, _pick_config, k_per_split, max_row_blocks,
+                       pick_impl, split_k, stream_plan)
 from .kernels import (_count_kernel, _gemm1_kernel, _gemm2_kernel, _layout_kernel, _reduce_kernel,
                       _route_small_kernel, _swiglu_kernel)
 
