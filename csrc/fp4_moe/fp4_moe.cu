@@ -39,8 +39,10 @@ int stream_occupancy(StreamKernel k, int dyn, int dev, cudaError_t* err) {
   std::lock_guard<std::mutex> lock(mu);
   for (int i = 0; i < n; ++i)
     if (cache[i].k == k && cache[i].dev == dev) return cache[i].occ;
-  if (dyn > 0) {
+  if (dyn > 0) {   // static + dynamic > 48 KB needs the opt-in; all of the SM's shared memory for the blocks per SM
     *err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn);
+    if (*err != cudaSuccess) return 0;
+    *err = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     if (*err != cudaSuccess) return 0;
   }
   int occ = 0;
