@@ -23,7 +23,7 @@ SGLang's own weight preparation and call, where SGLang is importable): TP shards
 routing, checked against the float64 reference first; columns: µs, % of the weight floor, competitor / ours.
 
 usage: python benchmarks/bench_fp4_moe.py --out DIR [--quick] [--sweep] [--sweep-budget S]
-                                        [--impls dequant,dot_scaled,mxfp8,cuda_decode,cuda_stream,cuda_stream_v1]
+                                        [--impls dequant,dot_scaled,mxfp8,cuda_decode,cuda_stream,cuda_stream_v3,...]
                                         [--tokens 1,8,32] [--inter 1024] [--profile] [--no-baselines]
                                         [--vs marlin,flashinfer_sm120,flashinfer_sm90] [--vs-tp 1,2,4]
                                         [--vs-tokens 1,2,...,256] [--vs-impls default] [--vs-only] [--allow-jit]
@@ -156,8 +156,16 @@ PREFILL_SWEEP = [_c(128, 64, 8, 3, BM=128), _c(64, 64, 4, 4, BM=64), _c(128, 64,
 
 
 # names the bench takes for the streaming kernels' variants: impl "cuda_stream" with config={"stream": ...}
+# (variants: ops/fp4_moe/dispatch.py STREAM_VARIANTS; v2 / v3: the cp.async shared-memory ring, 4 stages at 3 blocks per
+# SM / 3 at 4; v4 / v5: variants 0 / 3 with two MMA chains per tile). The diagnostics (STREAM_DIAGS, wrong results by
+# design, uint8 scales): "diag_loads_vN" = variant N's weight stream without decode / MMA (its memory-side ceiling),
+# "diag_compute_vN" = its decode + MMA on weights loaded once (its compute-side ceiling).
 STREAM_IMPLS = {"cuda_stream": None, "cuda_stream_v1": {"variant": 1}, "cuda_stream_w4": {"wpi1": 4, "wpi2": 4},
-                "cuda_stream_v1w4": {"variant": 1, "wpi1": 4, "wpi2": 4}}
+                "cuda_stream_v1w4": {"variant": 1, "wpi1": 4, "wpi2": 4},
+                **{f"cuda_stream_v{v}": {"variant": v} for v in (2, 3, 4, 5)},
+                **{f"cuda_stream_diag_{d}_v{v}": {"variant": v, "diag": d}
+                   for d, (_, vs_) in op.dispatch.STREAM_DIAGS.items() for v in vs_}}
+DIAG_IMPLS = tuple(k for k in STREAM_IMPLS if "_diag_" in k)
 
 
 def run_ours(x, w, tw, ids, impl, out, config=None):
@@ -173,6 +181,8 @@ def check_small(w, impls):
     ref = fp4_moe_reference(x, *w, tw, ids, swiglu_limit=LIMIT, routed_scaling_factor=RSF)
     res = {}
     for impl in impls:
+        if impl in DIAG_IMPLS:   # wrong by design
+            continue
         o = run_ours(x, w, tw, ids, impl, None)
         res[impl] = float((o.double() - ref).abs().max() / ref.abs().max())
     o = python_loop(x, *w, tw, ids, LIMIT, RSF)
@@ -251,7 +261,8 @@ def main():
                 if args.profile and M <= 32:
                     row[f"{impl}_kernels_us"] = kernel_times(lambda: run_ours(x, w, tw, ids, impl, out))
                     print(f"M={M} {impl} kernels (us):", {k: round(v, 1) for k, v in row[f"{impl}_kernels_us"].items()})
-                if M <= 32 and (impl == "dequant" or impl.startswith("cuda_")):   # float32 scales, as SGLang keeps them
+                if M <= 32 and (impl == "dequant" or impl.startswith("cuda_")) and impl not in DIAG_IMPLS:
+                    # float32 scales, as SGLang keeps them (the diagnostics exist for uint8 scales only)
                     row[f"{impl}_f32_scales_us"], _ = timeit_graph(
                         lambda: run_ours(x, w_f32, tw, ids, impl, out), reps=10, iters=10)
             except Exception as e:  # noqa: BLE001
@@ -266,11 +277,11 @@ def main():
                     row[f"{name}_error"] = repr(e)[:300]
                     print(f"M={M} {name} failed: {repr(e)[:300]}")
                 torch.cuda.empty_cache()
-        ours = [row[f"{i}_us"] for i in impls if f"{i}_us" in row]
+        ours = [row[f"{i}_us"] for i in impls if f"{i}_us" in row and i not in DIAG_IMPLS]
         if ours:
             best = min(ours)
             row["best_us"] = best
-            row["best_impl"] = [i for i in impls if row.get(f"{i}_us") == best][0]
+            row["best_impl"] = [i for i in impls if row.get(f"{i}_us") == best and i not in DIAG_IMPLS][0]
             row["pct_weight_floor"] = 100 * floor_us / best
             f32 = [row[f"{i}_f32_scales_us"] for i in impls if f"{i}_f32_scales_us" in row]
             if f32:

@@ -260,6 +260,22 @@ def ratio_summary(res: dict, name: str = "marlin", target: float = 1.3) -> Optio
             f"tokens); {ok} of {len(pts)} points >= {target}x")
 
 
+def impl_ratios(res: dict, name: str = "marlin") -> Optional[str]:
+    """With several of our impls (--vs-impls a,b,...): per impl and TP shard, ``name``'s time / that impl's time at each
+    token count (> 1: ours faster), so that each streaming variant is compared with Marlin on the same rows."""
+    impls = sorted({k for r in res.get("rows", []) for k in r["us"] if k.startswith("ours_")})
+    if not impls or not any(name in r["us"] for r in res.get("rows", [])):
+        return None
+    lines = [f"{name} / each impl of ours (per tp: tokens -> ratio):"]
+    for impl in impls:
+        for tp in res.get("tp", []):
+            pts = [(r["tokens"], r["us"][name] / r["us"][impl]) for r in res["rows"]
+                   if r["tp"] == tp and name in r["us"] and impl in r["us"]]
+            if pts:
+                lines.append(f"  {impl[5:]:>24s} tp{tp}: " + " ".join(f"{t}:{v:.2f}" for t, v in pts))
+    return "\n".join(lines)
+
+
 def plot(ax, res: dict, device: str) -> None:
     """µs against tokens per TP shard: ours (solid), each timed competitor (dashed), the weight floor (dotted)."""
     names = ["ours"] + [c["short"] for c in res.get("competitors", [])]

@@ -110,6 +110,31 @@ int dsv4_fp4_moe_decode(const Fp4MoeDecodeParams* p, void* stream) {
   }, dsv4::launch_fp4_moe_decode);
 }
 
+// Variants the launcher has (fp4_moe.cu): 0-5, the diagnostics DIAG_LOADS | 0, 1, 3 and DIAG_COMPUTE | 0, 1 (uint8
+// scales only); the shared-memory rings (2, 3, 5 and DIAG_LOADS | 3) copy 4-byte scale words, so uint8 scale rows
+// must start 4-byte aligned.
+static bool fp4_moe_stream_variant_ok(const Fp4MoeStreamParams* sp) {
+  const Fp4MoeDecodeParams* p = &sp->d;
+  const int64_t v = sp->variant & 15, diag = sp->variant & ~(int64_t)15;
+  if (v < 0 || v >= DSV4_FP4_MOE_STREAM_VARIANTS) return false;
+  if (diag == DSV4_FP4_MOE_DIAG_LOADS) {
+    if (v != 0 && v != 1 && v != 3) return false;
+  } else if (diag == DSV4_FP4_MOE_DIAG_COMPUTE) {
+    if (v != 0 && v != 1) return false;
+  } else if (diag != 0) {
+    return false;
+  }
+  if (diag != 0 && (p->s13_f32 || p->s2_f32)) return false;
+  const bool smem = v == 2 || v == 3 || v == 5;
+  if (smem) {
+    if (!p->s13_f32 && (((uintptr_t)p->s13 % 4) || p->s13_stride_e % 4 || p->s13_stride_n % 4)) return false;
+    if (!p->s2_f32 && (((uintptr_t)p->s2 % 4) || p->s2_stride_e % 4 || p->s2_stride_n % 4)) return false;
+    if (p->s13_f32 && ((uintptr_t)p->s13 % 4)) return false;
+    if (p->s2_f32 && ((uintptr_t)p->s2 % 4)) return false;
+  }
+  return true;
+}
+
 int dsv4_fp4_moe_stream_params_size(void) { return (int)sizeof(Fp4MoeStreamParams); }
 
 int dsv4_fp4_moe_stream(const Fp4MoeStreamParams* p, void* stream) {
@@ -122,12 +147,13 @@ int dsv4_fp4_moe_stream(const Fp4MoeStreamParams* p, void* stream) {
         p->x_stride % 8 || ((uintptr_t)p->x | (uintptr_t)p->w13 | (uintptr_t)p->w2 | (uintptr_t)p->y) % 16 ||
         p->h == nullptr || p->y == nullptr || p->counters == nullptr ||
         (sp->wpi1 != 1 && sp->wpi1 != 2 && sp->wpi1 != 4) || (sp->wpi2 != 1 && sp->wpi2 != 2 && sp->wpi2 != 4) ||
-        (sp->variant != 0 && sp->variant != 1) || sp->blocks_per_sm < 0) {
+        !fp4_moe_stream_variant_ok(sp) || sp->blocks_per_sm < 0) {
       snprintf(g_last_error, sizeof(g_last_error),
                "fp4_moe_stream: bad arguments M=%lld topk=%lld E=%lld hidden=%lld I=%lld wpi=%lld/%lld variant=%lld "
                "blocks_per_sm=%lld (expected 1 <= M*topk <= %d, 1 <= E <= %d, hidden and I multiples of 128 in "
                "[128, 2^20], 16-byte aligned x / w13 / w2 rows and y, h / y / counters workspaces, wpi 1, 2 or 4, "
-               "variant 0 or 1, blocks_per_sm >= 0)",
+               "variant 0-5 (shared-memory ring 2, 3, 5: 4-byte aligned uint8 scale rows), a diagnostic (variant | 16: "
+               "0, 1, 3; | 32: 0, 1) only with uint8 scales, blocks_per_sm >= 0)",
                (long long)p->M, (long long)p->topk, (long long)p->E, (long long)p->hidden, (long long)p->inter,
                (long long)sp->wpi1, (long long)sp->wpi2, (long long)sp->variant, (long long)sp->blocks_per_sm,
                DSV4_FP4_MOE_STREAM_MAX_SLOTS, DSV4_FP4_MOE_STREAM_MAX_EXPERTS);

@@ -102,18 +102,33 @@ def test_fp4_moe_decode_resources_sm120a(tmp_path, flags):
 
 
 def test_fp4_moe_stream_resources_sm120a(tmp_path):
-    """The streaming decode kernels (kernel_stream.cuh): gemm1 and gemm2 x uint8 / float32 scales x the two built
-    variants (fp4_moe.cu: <3 ring steps, 3 blocks per SM> and <2 steps, 4 blocks>), so 8 instances; no spills; the
-    registers and static shared memory of the blocks per SM each variant is launched for (65536 / (128 x blocks)
-    registers; on SM120 100 KB of shared memory per SM with 1 KB reserved per block)."""
+    """The streaming decode kernels (kernel_stream.cuh), as fp4_moe.cu instantiates them: gemm1 and gemm2 x uint8 /
+    float32 scales x the six variants <ring steps, blocks per SM, weight source, MMA chains> (0 <3,3,regs,1>, 1
+    <2,4,regs,1>, 2 <4,3,smem,1>, 3 <3,4,smem,1>, 4 <3,3,regs,2>, 5 <3,4,smem,2>) = 24, plus the bench-only
+    diagnostics (uint8 scales: loads only of variants 0, 1, 3; compute only of 0, 1) = 10; no spills; registers for
+    the blocks per SM each is launched for (65536 / (128 x blocks)); static + dynamic shared memory (the cp.async
+    ring: kWarps x steps x kStageBytes) <= 101376 B per block; the register-ring variants also fit their blocks in
+    SM120's 100 KB per SM (1 KB reserved per block; the shared-memory rings get 1 block there)."""
     seen = _compile_sm120a(tmp_path, "fp4_moe/fp4_moe.cu")
+    env = _named_constants("fp4_moe/kernel.cuh", "fp4_moe/kernel_stream_src.cuh")
+    stage = env["kStageBytes"]
+    assert stage == 2560, stage
     stream = {k: v for k, v in seen.items() if "fp4_moe_stream_kernel" in k}
-    assert len(stream) == 8, list(stream)
+    assert len(stream) == 34, list(stream)
+    found = set()
     for name, (regs, static_smem) in stream.items():
-        kst, kmin = map(int, re.search(r"fp4_moe_stream_kernelILb[01]ELi[12]ELi(\d+)ELi(\d+)E", name).groups())
-        assert (kst, kmin) in ((3, 3), (2, 4)), name
+        f32, gemm, kst, kmin, src, acc, diag = map(int, re.search(
+            r"fp4_moe_stream_kernelILb([01])ELi([12])ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", name).groups())
+        found.add((kst, kmin, src, acc, diag))
+        assert not (diag and f32), name
         assert regs * 128 * kmin <= 65536, (name, regs)
-        assert 0 < static_smem and kmin * (static_smem + 1024) <= 102400, (name, static_smem)
+        dyn = 4 * kst * stage if src == 1 else 0
+        assert 0 < static_smem and static_smem + dyn <= SMEM_LIMIT, (name, static_smem, dyn)
+        if src == 0:
+            assert kmin * (static_smem + 1024) <= 102400, (name, static_smem)
+    assert found == {(3, 3, 0, 1, 0), (2, 4, 0, 1, 0), (4, 3, 1, 1, 0), (3, 4, 1, 1, 0), (3, 3, 0, 2, 0),
+                     (3, 4, 1, 2, 0), (3, 3, 0, 1, 1), (2, 4, 0, 1, 1), (3, 4, 1, 1, 1), (3, 3, 0, 1, 2),
+                     (2, 4, 0, 1, 2)}, found
     print({k: {"registers": v[0], "static_smem": v[1]} for k, v in stream.items()})
 
 

@@ -295,7 +295,7 @@ def test_stream_plan_rule():
     assert plan(2, 6, 256, 4096, 2048, 24)["wpi1"] == 1
     assert plan(1, 6, 256, 4096, 2048, 132, {"wpi1": 2, "blocks_per_sm": 1}) == {
         "variant": 0, "blocks_per_sm": 1, "wpi1": 2, "wpi2": 2}           # 1 block per SM: 528 warps, 768 x 2 >= 1056
-    for bad in ({"variant": 2}, {"wpi1": 3}, {"blocks_per_sm": -1}, {"stages": 4}):
+    for bad in ({"variant": 6}, {"wpi1": 3}, {"blocks_per_sm": -1}, {"stages": 4}):
         with pytest.raises(ValueError):
             plan(1, 6, 256, 4096, 2048, 132, bad)
     assert op.dispatch.stream_wpi(10, 1, 1000) == 1                   # K of one step: one warp
@@ -669,7 +669,8 @@ def test_cuda_stream_refuses_by_name():
     w = _rand_weights(8, 256, 128)
     x = torch.randn(4, 256, device="cuda").bfloat16()
     tw, ids = make_routing(4, 8, 2, "cuda")
-    with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': stream variant must be one of \[0, 1\], got 7"):
+    with pytest.raises(UnsupportedCase,
+                       match=r"impl 'cuda_stream': stream variant must be one of \[0, 1, 2, 3, 4, 5\], got 7"):
         op.fp4_moe(x, *w, tw, ids, impl="cuda_stream", config={"stream": {"variant": 7}})
     with pytest.raises(UnsupportedCase, match=r"impl 'cuda_stream': stream wpi2 must be 1, 2 or 4, got 3"):
         op.fp4_moe(x, *w, tw, ids, impl="cuda_stream", config={"stream": {"wpi2": 3}})

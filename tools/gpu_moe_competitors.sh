@@ -19,6 +19,9 @@
 #   [MMA_SYNC_TOKENS=1,2,...,256] (sizes of the mma.sync pass; default all nine). That pass times ours only: the
 #   competitors' times come from the native pass of the same call (the same weights and routing seeds; Marlin and
 #   FlashInfer are CUDA, one class), which saves its SGLang import (~20 s) and the weight repacks.
+#   [VS_IMPLS=default,cuda_stream_v1,cuda_stream_v3] (our impls in both passes, benchmarks/bench_fp4_moe.py
+#   STREAM_IMPLS names: cuda_stream, cuda_stream_v1 ... _v5; default = what our op picks per size; "ours" in the table
+#   is then the fastest of them, and a per-impl line gives Marlin / each impl)
 #   [USER_BENCH=1] (also `python -m deepseek_v4_kernel bench --ops fp4_moe --quick`, Marlin as its competitor: +~40 s)
 # Time: <= 150 s (native pass <= 95 s, mma.sync pass <= 50 s, each killed at its limit; JSON is written per row).
 # Writes $OUT/moe_competitors/{native,mma_sync}/{bench_fp4_moe.json,table.md,bench_fp4_moe.png,bench.log} and
@@ -52,7 +55,8 @@ allow=${DSV4_BENCH_ALLOW_SGLANG_JIT:-}
 native_limit=95
 [ "$allow" = 1 ] && native_limit=600       # compiling Marlin's module takes ~5 min of this call
 [ "$allow" = small ] && native_limit=240   # the three small modules: tens of seconds each
-common=(--vs-only --vs-require marlin)
+vs_impls=${VS_IMPLS:-default}
+common=(--vs-only --vs-require marlin --vs-impls "$vs_impls")
 
 t0=$(date +%s)
 timeout $native_limit python3 benchmarks/bench_fp4_moe.py --out "$R/native" "${common[@]}" > "$R/native.log" 2>&1
@@ -71,7 +75,7 @@ fi
 mt=${MMA_SYNC_TOKENS:-1,2,4,8,16,32,64,128,256}
 t0=$(date +%s)
 DISABLE_MMA_V3=1 timeout 50 python3 benchmarks/bench_fp4_moe.py --out "$R/mma_sync" --vs-only --vs "" \
-    --vs-tokens "$mt" > "$R/mma_sync.log" 2>&1
+    --vs-tokens "$mt" --vs-impls "$vs_impls" > "$R/mma_sync.log" 2>&1
 rc2=$?
 mkdir -p "$R/mma_sync"; mv "$R/mma_sync.log" "$R/mma_sync/bench.log"
 echo "mma.sync pass rc=$rc2 ($(( $(date +%s) - t0 )) s)"
@@ -116,6 +120,9 @@ for mode, doc in docs.items():
     print(vs.table(res))
     for name in [c["short"] for c in res["competitors"] if c["available"]]:
         s = vs.ratio_summary(res, name)
+        if s:
+            print(s)
+        s = vs.impl_ratios(res, name)
         if s:
             print(s)
 EOF

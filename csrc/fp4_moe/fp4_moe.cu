@@ -26,23 +26,29 @@ namespace {
 
 using StreamKernel = void (*)(Fp4MoeStreamParams);
 
-// Blocks per SM a kernel reaches (asked once per kernel and device: no query after the first call, so a
-// graph capture sees only the launches).
-int stream_occupancy(StreamKernel k, int dev, cudaError_t* err) {
+// Blocks per SM a kernel reaches with `dyn` bytes of dynamic shared memory, which is also allowed for it here
+// (asked once per kernel and device: no query after the first call, so a graph capture sees only the launches).
+int stream_occupancy(StreamKernel k, int dyn, int dev, cudaError_t* err) {
   struct Entry {
     StreamKernel k;
     int dev, occ;
   };
   static std::mutex mu;
-  static Entry cache[64];
+  static Entry cache[128];
   static int n = 0;
   std::lock_guard<std::mutex> lock(mu);
   for (int i = 0; i < n; ++i)
     if (cache[i].k == k && cache[i].dev == dev) return cache[i].occ;
+  if (dyn > 0) {   // static + dynamic > 48 KB needs the opt-in; all of the SM's shared memory for the blocks per SM
+    *err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn);
+    if (*err != cudaSuccess) return 0;
+    *err = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (*err != cudaSuccess) return 0;
+  }
   int occ = 0;
-  *err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, fp4moe::kThreads, 0);
+  *err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, fp4moe::kThreads, dyn);
   if (*err != cudaSuccess) return 0;
-  if (n < 64) cache[n++] = {k, dev, occ};
+  if (n < 128) cache[n++] = {k, dev, occ};
   return occ;
 }
 
@@ -56,10 +62,10 @@ int stream_wpi(int64_t req, int64_t nsteps) {
 // Grid of one streaming kernel: enough groups for the most items any routing of this call can have (passes <=
 // min(E, S) + S / 8), at most the blocks that are resident at once (a persistent grid: each group then takes
 // items i, i + G, ...).
-cudaError_t launch_stream_one(StreamKernel k, const Fp4MoeStreamParams& p, int64_t tiles, int64_t nsteps, int64_t wpi,
-                              int nsm, int dev, bool pdl, cudaStream_t stream) {
+cudaError_t launch_stream_one(StreamKernel k, int dyn, const Fp4MoeStreamParams& p, int64_t tiles, int64_t nsteps,
+                              int64_t wpi, int nsm, int dev, bool pdl, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
-  int occ = stream_occupancy(k, dev, &e);
+  int occ = stream_occupancy(k, dyn, dev, &e);
   if (e != cudaSuccess) return e;
   if (occ < 1) occ = 1;
   if (p.blocks_per_sm > 0 && p.blocks_per_sm < occ) occ = (int)p.blocks_per_sm;
@@ -70,10 +76,11 @@ cudaError_t launch_stream_one(StreamKernel k, const Fp4MoeStreamParams& p, int64
   const int64_t cap = (int64_t)nsm * occ;
   if (blocks > cap) blocks = cap;
   if (blocks < 1) blocks = 1;
-  return launch_kernel(k, dim3((unsigned)blocks), fp4moe::kThreads, 0, pdl, stream, p);
+  return launch_kernel(k, dim3((unsigned)blocks), fp4moe::kThreads, dyn, pdl, stream, p);
 }
 
-template <int kSt, int kMinB>
+// One variant: kSt ring steps, kMinB blocks per SM, weight source, accumulator chains, diagnostic (kernel_stream.cuh).
+template <int kSt, int kMinB, int kSrc, int kAcc, int kDiag>
 cudaError_t launch_stream_variant(const Fp4MoeStreamParams& p, bool pdl, cudaStream_t stream) {
   using namespace fp4moe;
   using stream::fp4_moe_stream_kernel;
@@ -82,25 +89,51 @@ cudaError_t launch_stream_variant(const Fp4MoeStreamParams& p, bool pdl, cudaStr
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess) return e;
-  StreamKernel k1 =
-      p.d.s13_f32 ? fp4_moe_stream_kernel<true, 1, kSt, kMinB> : fp4_moe_stream_kernel<false, 1, kSt, kMinB>;
-  StreamKernel k2 =
-      p.d.s2_f32 ? fp4_moe_stream_kernel<true, 2, kSt, kMinB> : fp4_moe_stream_kernel<false, 2, kSt, kMinB>;
-  e = launch_stream_one(k1, p, p.d.inter / kGemm1Rows, p.d.hidden / kStepK, p.wpi1, nsm, dev, pdl, stream);
+  StreamKernel k1, k2;
+  if (kDiag != 0) {   // the diagnostics exist for uint8 scales only (api.cu refuses the others)
+    if (p.d.s13_f32 || p.d.s2_f32) return cudaErrorInvalidValue;
+    k1 = fp4_moe_stream_kernel<false, 1, kSt, kMinB, kSrc, kAcc, kDiag>;
+    k2 = fp4_moe_stream_kernel<false, 2, kSt, kMinB, kSrc, kAcc, kDiag>;
+  } else {
+    k1 = p.d.s13_f32 ? fp4_moe_stream_kernel<true, 1, kSt, kMinB, kSrc, kAcc, 0>
+                     : fp4_moe_stream_kernel<false, 1, kSt, kMinB, kSrc, kAcc, 0>;
+    k2 = p.d.s2_f32 ? fp4_moe_stream_kernel<true, 2, kSt, kMinB, kSrc, kAcc, 0>
+                    : fp4_moe_stream_kernel<false, 2, kSt, kMinB, kSrc, kAcc, 0>;
+  }
+  const int dyn = stream::ring_smem_bytes(kSrc, kSt);
+  e = launch_stream_one(k1, dyn, p, p.d.inter / kGemm1Rows, p.d.hidden / kStepK, p.wpi1, nsm, dev, pdl, stream);
   if (e != cudaSuccess) return e;
-  return launch_stream_one(k2, p, p.d.hidden / kGemm2Rows, p.d.inter / kStepK, p.wpi2, nsm, dev, pdl, stream);
+  return launch_stream_one(k2, dyn, p, p.d.hidden / kGemm2Rows, p.d.inter / kStepK, p.wpi2, nsm, dev, pdl, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_fp4_moe_stream(const Fp4MoeStreamParams& p, cudaStream_t stream) {
+  using fp4moe::stream::kSrcRegs;
+  using fp4moe::stream::kSrcSmem;
+  using fp4moe::stream::kDiagLoads;
+  using fp4moe::stream::kDiagCompute;
   bool pdl = false;
   cudaError_t e = pdl_enabled(g_fp4_pdl, &pdl);
   if (e != cudaSuccess) return e;
-  // variant 0: 3 weight steps per warp in the ring (2 in flight), 3 blocks per SM (<= 168 registers, as the
-  // two-launch kernels); variant 1: 2 steps (1 in flight), 4 blocks per SM (<= 128 registers): more warps to
-  // interleave the decode's instruction stream. Which one is faster is the GPU round's question.
-  return p.variant == 1 ? launch_stream_variant<2, 4>(p, pdl, stream) : launch_stream_variant<3, 3>(p, pdl, stream);
+  // 0: 3 register ring steps (2 in flight), 3 blocks per SM (<= 168 registers, as the two-launch kernels); 1: 2 steps,
+  // 4 blocks (<= 128 registers). H200, I 2048 (docs/fp4_moe.md): 37-48 % / 35-53 % of the weight floor at 1-256
+  // tokens, 1 the faster from 2 tokens on. 2 / 3: the ring in shared memory (cp.async; 4 stages at 3 blocks, 3 at 4
+  // blocks: 62 / 52 KB per block), 4 / 5: variants 0 / 3 with two MMA chains per tile. Diagnostics: bench only.
+  switch (p.variant) {
+    case 0: return launch_stream_variant<3, 3, kSrcRegs, 1, 0>(p, pdl, stream);
+    case 1: return launch_stream_variant<2, 4, kSrcRegs, 1, 0>(p, pdl, stream);
+    case 2: return launch_stream_variant<4, 3, kSrcSmem, 1, 0>(p, pdl, stream);
+    case 3: return launch_stream_variant<3, 4, kSrcSmem, 1, 0>(p, pdl, stream);
+    case 4: return launch_stream_variant<3, 3, kSrcRegs, 2, 0>(p, pdl, stream);
+    case 5: return launch_stream_variant<3, 4, kSrcSmem, 2, 0>(p, pdl, stream);
+    case DSV4_FP4_MOE_DIAG_LOADS | 0: return launch_stream_variant<3, 3, kSrcRegs, 1, kDiagLoads>(p, pdl, stream);
+    case DSV4_FP4_MOE_DIAG_LOADS | 1: return launch_stream_variant<2, 4, kSrcRegs, 1, kDiagLoads>(p, pdl, stream);
+    case DSV4_FP4_MOE_DIAG_LOADS | 3: return launch_stream_variant<3, 4, kSrcSmem, 1, kDiagLoads>(p, pdl, stream);
+    case DSV4_FP4_MOE_DIAG_COMPUTE | 0: return launch_stream_variant<3, 3, kSrcRegs, 1, kDiagCompute>(p, pdl, stream);
+    case DSV4_FP4_MOE_DIAG_COMPUTE | 1: return launch_stream_variant<2, 4, kSrcRegs, 1, kDiagCompute>(p, pdl, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace dsv4

@@ -191,9 +191,11 @@ __device__ __forceinline__ void ld_cg16_if(uint4& v, const __nv_bfloat16* p) {
 // `next`: this lane's B values of the following step (nullptr: none, or a lane past the last slot, whose
 // operand stays zero); each 16-byte piece of `op` is refilled from it right after its last use, so the
 // operand needs one register buffer and still arrives a step ahead.
+// acc_odd: the accumulators of the odd k16 steps (the same array as acc for one chain per tile; a second array
+// gives each tile two independent MMA chains, summed by the caller: kernel_stream.cuh's kAcc = 2).
 template <bool kBig>
-__device__ __forceinline__ void compute_step_body(float (&acc)[kTiles][4], const WeightStep& st, OperandStep& op,
-                                                  const __nv_bfloat16* next) {
+__device__ __forceinline__ void compute_step_body(float (&acc)[kTiles][4], float (&acc_odd)[kTiles][4],
+                                                  const WeightStep& st, OperandStep& op, const __nv_bfloat16* next) {
   uint32_t f[kRows], f2[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
@@ -235,21 +237,25 @@ __device__ __forceinline__ void compute_step_body(float (&acc)[kTiles][4], const
         a[1] = mul_bf16x2(a[1], f2[2 * t + 1]);
         a[3] = mul_bf16x2(a[3], f2[2 * t + 1]);
       }
-      mma_bf16_16816(acc[t], a, b);
+      mma_bf16_16816((s & 1) ? acc_odd[t] : acc[t], a, b);
     }
     if (s & 1) ld_cg16_if(op.b[s >> 1], next != nullptr ? next + 8 * (s >> 1) : nullptr);
   }
 }
 
-__device__ __forceinline__ void compute_step(float (&acc)[kTiles][4], const WeightStep& st, OperandStep& op,
-                                             const __nv_bfloat16* next) {
+__device__ __forceinline__ void compute_step(float (&acc)[kTiles][4], float (&acc_odd)[kTiles][4],
+                                             const WeightStep& st, OperandStep& op, const __nv_bfloat16* next) {
   bool big = false;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) big |= st.e[i] > 128u;
   if (__any_sync(0xffffffffu, big))
-    compute_step_body<true>(acc, st, op, next);
+    compute_step_body<true>(acc, acc_odd, st, op, next);
   else
-    compute_step_body<false>(acc, st, op, next);
+    compute_step_body<false>(acc, acc_odd, st, op, next);
+}
+__device__ __forceinline__ void compute_step(float (&acc)[kTiles][4], const WeightStep& st, OperandStep& op,
+                                             const __nv_bfloat16* next) {
+  compute_step(acc, acc, st, op, next);
 }
 
 __device__ __forceinline__ int warp_steps(int steps, int warp) {

@@ -25,6 +25,7 @@
 // before gemm1 passed its wait) and issues its first weight steps before its own wait, then reads h.
 #pragma once
 #include "fp4_moe/kernel.cuh"
+#include "fp4_moe/kernel_stream_src.cuh"
 
 namespace dsv4 {
 namespace fp4moe {
@@ -204,14 +205,22 @@ __device__ __forceinline__ void combine_token_tile(const Fp4MoeDecodeParams& p, 
   out[(int64_t)t * p.out_stride + n0 + lane] = __float2bfloat16_rn(acc * (float)p.rsf);
 }
 
-// kGemm 1 / 2; kSt weight steps in the register ring (kSt - 1 in flight); kMinB blocks per SM (launch bounds).
-template <bool kScaleF32, int kGemm, int kSt, int kMinB>
+// kGemm 1 / 2; kSt weight steps in the ring (kSt - 1 in flight); kMinB blocks per SM (launch bounds); kSrc the weight
+// source (kernel_stream_src.cuh: register ring or cp.async shared-memory ring); kAcc MMA accumulator chains per m16
+// tile (2: the even and the odd k16 steps apart, summed in the epilogue: twice the MMA chains in flight per warp);
+// kDiag a bench-only diagnostic (kernel_stream_src.cuh: 0 none, kDiagLoads, kDiagCompute).
+template <bool kScaleF32, int kGemm, int kSt, int kMinB, int kSrc, int kAcc, int kDiag>
 __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeStreamParams sp) {
   static_assert(kGemm == 1 || kGemm == 2, "gemm1 or gemm2");
   static_assert(kSt >= 2, "at least one weight step in flight");
+  static_assert(kAcc == 1 || kAcc == 2, "one or two accumulator chains per tile");
+  static_assert(kSrc == kSrcRegs || kSrc == kSrcSmem, "weight source");
+  static_assert(kDiag == 0 || kDiag == kDiagLoads || (kDiag == kDiagCompute && kSrc == kSrcRegs), "diagnostic");
+  constexpr bool kSmem = kSrc == kSrcSmem;
   const Fp4MoeDecodeParams& p = sp.d;
   __shared__ Routing R;
   __shared__ float part[kWarps][kRows][8][kCols];
+  extern __shared__ __align__(16) uint8_t ring_smem[];   // kSrcSmem: kWarps x kSt stages of kStageBytes
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   constexpr int kTileRows = kGemm == 1 ? kGemm1Rows : kGemm2Rows;
   const int tiles = (int)((kGemm == 1 ? p.inter : p.hidden) / kTileRows);
@@ -249,22 +258,34 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
     return row + gr.gq * kStepK + c * 32;
   };
 
-  WeightStep ring[kSt];
+  WeightStep ring[kSmem ? 1 : kSt];   // kSrcSmem: the step being computed only
+  uint8_t* const my_ring = ring_smem + warp * (kSmem ? kSt * kStageBytes : 0);
   Rows lrows;
   ItemCursor lic = first;   // the load cursor: item lk, K step ls of it
   int lk = 0, ls = 0;
   if (J > 0) lrows = rows_at(lic);
-  auto load_next = [&](WeightStep& st) {
-    load_weights<kScaleF32>(st, lrows, scales, gr.gq + ls * gr.wpi, c);
+  auto load_next = [&](int slot) {
+    if (kSmem)
+      copy_weights<kScaleF32>(my_ring + slot * kStageBytes, lrows, scales, gr.gq + ls * gr.wpi, lane, c);
+    else
+      load_weights<kScaleF32>(ring[kSmem ? 0 : slot], lrows, scales, gr.gq + ls * gr.wpi, c);
     if (++ls == spw) {
       ls = 0;
       advance(lic, g_div, g_mod, tiles);
       if (++lk < nmy) lrows = rows_at(lic);
     }
   };
+  if (kDiag == kDiagCompute) {   // one real step, then the same registers every step
+    if (J > 0) load_next(0);
 #pragma unroll
-  for (int t = 0; t < kSt - 1; ++t)
-    if (t < J) load_next(ring[t]);
+    for (int t = 1; t < kSt; ++t) ring[t] = ring[0];
+  } else {
+#pragma unroll
+    for (int t = 0; t < kSt - 1; ++t) {
+      if (t < J) load_next(t);
+      if (kSmem) cp_async_commit();   // one group per step, empty ones too: wait_group counts steps
+    }
+  }
   if (kGemm == 2) pdl_wait();   // h comes from gemm1
 
   // the compute cursor: item ck (cic), K step cs of it; bnext_item: this lane's B row of item ck + 1
@@ -279,15 +300,23 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
   }
   OperandStep op;
   load_operand(op, bcur, 0, 0);
-  float acc[kTiles][4];
+  float acc[kTiles][4], acc1[kTiles][4];   // acc1: the odd k16 steps' chain (kAcc 2)
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+    for (int i = 0; i < 4; ++i) acc[t][i] = acc1[t][i] = 0.f;
+  uint32_t fold = 0;   // kDiagLoads
   const int gt = gr.gq * 32 + lane, gthreads = 32 * gr.wpi, w0 = warp - gr.gq;
   const float limit = (float)p.swiglu_limit;
 
   auto epilogue = [&](const Item& it) {
+    if (kAcc == 2) {
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] += acc1[t][i];
+    }
+    if (kDiag == kDiagLoads) acc[0][0] += __uint_as_float(fold & 0x007FFFFFu);   // a denormal: keeps the fold live
     store_partials(part[warp], acc, g, c);
     group_bar(gr);
     if (kGemm == 1) {
@@ -326,19 +355,31 @@ __global__ void __launch_bounds__(kThreads, kMinB) fp4_moe_stream_kernel(Fp4MoeS
 #pragma unroll
     for (int s = 0; s < kSt; ++s) {
       const int j = j0 + s;
-      if (j + kSt - 1 < J) load_next(ring[(s + kSt - 1) % kSt]);
+      if (kDiag != kDiagCompute && j + kSt - 1 < J) load_next((s + kSt - 1) % kSt);
+      if (kSmem) {
+        cp_async_commit();
+        cp_async_wait<kSt - 1>();   // this lane's copies of step j have landed
+      }
       if (j < J) {
         const bool item_end = cs + 1 == spw;
         // B of the next step: this item's next K step, or the next item's first (stale registers for a lane
         // without a column there: that column's accumulators are never stored, and MMA columns are independent)
         const __nv_bfloat16* bnext = item_end ? bnext_item : (bcur != nullptr ? bcur + (cs + 1) * bstride : nullptr);
-        compute_step(acc, ring[s], op, bnext);
+        WeightStep& st = ring[kSmem ? 0 : s];
+        if (kSmem) read_stage<kScaleF32>(st, my_ring + s * kStageBytes, lane, c);
+        if (kDiag == kDiagCompute) make_opaque(st);
+        if (kDiag == kDiagLoads)
+          diag_fold_step(fold, st, op, bnext);
+        else if (kAcc == 2)
+          compute_step(acc, acc1, st, op, bnext);
+        else
+          compute_step(acc, st, op, bnext);
         if (item_end) {
           epilogue(item_at(R, cic.v, cic.tile, kTileRows));
 #pragma unroll
           for (int t = 0; t < kTiles; ++t)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+            for (int i = 0; i < 4; ++i) acc[t][i] = acc1[t][i] = 0.f;
           cs = 0;
           ++ck;
           advance(cic, g_div, g_mod, tiles);

@@ -57,13 +57,21 @@ typedef struct Fp4MoeDecodeParams {
 #define DSV4_FP4_MOE_STREAM_MAX_SLOTS 2048
 #define DSV4_FP4_MOE_STREAM_MAX_EXPERTS 1024
 
+#define DSV4_FP4_MOE_STREAM_VARIANTS 6
+#define DSV4_FP4_MOE_DIAG_LOADS 16    // loads only (decode + MMA replaced by an XOR fold): wrong results by design
+#define DSV4_FP4_MOE_DIAG_COMPUTE 32  // decode + MMA on weights loaded once (no weight stream): wrong results by design
+
 typedef struct Fp4MoeStreamParams {
   Fp4MoeDecodeParams d;       // as for the two-launch kernels, except: counters int32 [M * hidden / 32] (one per
                               // token x 32-column tile; gemm1 zeroes them), h / y workspaces as there
   int64_t wpi1;               // warps per work item of gemm1: 1, 2 or 4 (they split K; clamped to K / 128 steps)
   int64_t wpi2;               // the same for gemm2
-  int64_t variant;            // 0: 3 weight steps in flight per warp, 3 blocks of 128 threads per SM;
-                              // 1: 2 steps in flight, 4 blocks per SM (<= 128 registers)
+  int64_t variant;            // low 4 bits (< DSV4_FP4_MOE_STREAM_VARIANTS; fp4_moe.cu): ring / blocks per SM:
+                              // 0: 3 register ring steps, 3 blocks of 128 threads per SM; 1: 2 steps, 4 blocks
+                              // (<= 128 registers); 2: cp.async shared-memory ring of 4 steps per warp, 3 blocks;
+                              // 3: shared ring of 3, 4 blocks; 4: variant 0 with 2 MMA chains per tile; 5: variant 3
+                              // with 2 MMA chains. Bits 4-5: a bench-only diagnostic (uint8 scales only):
+                              // DSV4_FP4_MOE_DIAG_LOADS with variant 0, 1 or 3, DSV4_FP4_MOE_DIAG_COMPUTE with 0 or 1
   int64_t blocks_per_sm;      // grid cap per SM (0: the occupancy the kernel reaches)
 } Fp4MoeStreamParams;
 

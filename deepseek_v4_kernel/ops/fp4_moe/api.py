@@ -78,8 +78,9 @@ from deepseek_v4_kernel.switches import env_bool
 from deepseek_v4_kernel.ops._workspace import scratch
 
 from .dispatch import (_CFG_KEYS, _IMPL_CODE, DECODE_GEMM2_TILE, GROUP, IMPLS, LAST_KERNELS, OP,
-                       SMALL_ROUTE_MAX_SLOTS, _cuda_decode_unsupported, _cuda_stream_unsupported, _finish_config,
-                       _interp, _pick_config, k_per_split, max_row_blocks, pick_impl, split_k, stream_plan)
+                       SMALL_ROUTE_MAX_SLOTS, STREAM_DIAGS, STREAM_VARIANTS, _cuda_decode_unsupported,
+                       _cuda_stream_unsupported, _finish_config, _interp, _pick_config, k_per_split, max_row_blocks,
+                       pick_impl, split_k, stream_plan)
 from .kernels import (_count_kernel, _gemm1_kernel, _gemm2_kernel, _layout_kernel, _reduce_kernel,
                       _route_small_kernel, _swiglu_kernel)
 
@@ -213,7 +214,7 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
         over = None
         if config is not None:
             if not isinstance(config, dict) or set(config) - {"stream"}:
-                why = why or (f"config must be {{'stream': {{...}}}} (variant, wpi1, wpi2, blocks_per_sm, balance), "
+                why = why or (f"config must be {{'stream': {{...}}}} (variant, wpi1, wpi2, blocks_per_sm, balance, diag), "
                               f"got {config!r}")
             else:
                 over = config.get("stream")
@@ -223,6 +224,9 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
             plan = stream_plan(M, topk, E, H, inter, sm_count(dev), over)
         except ValueError as e:
             _err(f"impl 'cuda_stream': {e}")
+        why = _stream_variant_unsupported(plan, w13_scale, w2_scale)
+        if why is not None:
+            _err(f"impl 'cuda_stream': {why}")
         _cuda_stream(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, swiglu_limit,
                      routed_scaling_factor, out, M, H, E, inter, topk, plan)
         return out
@@ -335,6 +339,20 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
 _TW_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
+def _stream_variant_unsupported(plan, s13, s2):
+    """Why this call's scales do not suit the planned streaming variant (None when they do): the diagnostics exist
+    for uint8 scales only; the shared-memory rings copy 4-byte scale words (uint8 rows must start 4-byte aligned)."""
+    f32 = s13.dtype == torch.float32 or s2.dtype == torch.float32
+    if plan.get("diag") is not None and f32:
+        return f"stream diag {plan['diag']!r} exists for uint8 / float8_e8m0fnu scales only, got float32"
+    if STREAM_VARIANTS[plan["variant"]][2] == "smem":
+        for name, s in (("w13_scale", s13), ("w2_scale", s2)):
+            if s.dtype != torch.float32 and (s.data_ptr() % 4 or s.stride(0) % 4 or s.stride(1) % 4):
+                return (f"stream variant {plan['variant']} (shared-memory ring) needs {name} rows 4-byte aligned "
+                        f"(data_ptr % 4 {s.data_ptr() % 4}, strides {tuple(s.stride())})")
+    return None
+
+
 def _decode_params(p, x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk, h, y, counters):
     """Fills the Fp4MoeDecodeParams block `p` (shared by both compiled decode paths); returns the tensors it points
     at that must outlive the launch (contiguous copies of ids / weights, uint8 views of the scales)."""
@@ -377,6 +395,8 @@ def _cuda_stream(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, 
                           h, y, counters)
     sp.wpi1, sp.wpi2 = plan["wpi1"], plan["wpi2"]
     sp.variant, sp.blocks_per_sm = plan["variant"], plan["blocks_per_sm"]
+    if plan.get("diag") is not None:
+        sp.variant |= STREAM_DIAGS[plan["diag"]][0]
     lib = load()
     with torch.cuda.device(dev):
         rc = lib.dsv4_fp4_moe_stream(sp, torch.cuda.current_stream(dev).cuda_stream)

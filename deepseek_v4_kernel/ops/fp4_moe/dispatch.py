@@ -32,9 +32,20 @@ CUDA_DECODE_DEFAULT_SLOTS = 192
 STREAM_MAX_SLOTS = 2048
 STREAM_MAX_EXPERTS = 1024
 CUDA_STREAM_DEFAULT_SLOTS = 1536
-# variant -> (weight steps in the register ring, blocks of 128 threads per SM it is built for); kernel_stream.cuh
-STREAM_VARIANTS = {0: (3, 3), 1: (2, 4)}
+# variant -> (weight steps in the ring, blocks of 128 threads per SM it is built for, weight source, MMA chains per
+# m16 tile); csrc/fp4_moe/fp4_moe.cu, kernel_stream.cuh, kernel_stream_src.cuh. "regs": ld.global.nc into a register
+# ring; "smem": cp.async into a shared-memory ring per warp (2560 B per step and warp: 62 / 52 KB per block with 4 / 3
+# stages, so 3 / 4 blocks per SM on the H200 and 1 on SM120's 100 KB). H200, I 2048 (docs/fp4_moe.md): variant 0
+# 37-48 %, variant 1 35-53 % of the weight floor at 1-256 tokens; 2-5 pending the second GPU round.
+STREAM_VARIANTS = {0: (3, 3, "regs", 1), 1: (2, 4, "regs", 1), 2: (4, 3, "smem", 1), 3: (3, 4, "smem", 1),
+                   4: (3, 3, "regs", 2), 5: (3, 4, "smem", 2)}
+# The switch point: the variant the default dispatch runs (the integrator sets the GPU round's winner here).
 STREAM_DEFAULT_VARIANT = 0
+# Bench-only diagnostics (config={"stream": {"variant": v, "diag": name}}; wrong results by design, uint8 scales
+# only): name -> (code or-ed into the variant, the variants it exists for). "loads": the weight stream with the
+# decode + MMA replaced by an XOR fold (the memory-side ceiling of that variant's load scheme); "compute": decode +
+# MMA on weights loaded once (the compute-side ceiling). params.h DSV4_FP4_MOE_DIAG_*.
+STREAM_DIAGS = {"loads": (16, (0, 1, 3)), "compute": (32, (0, 1))}
 # warps per work item (stream_wpi): the fewest (1, 2, 4) that still give every warp of the grid >= STREAM_BALANCE
 # items on average (balance across warps; fewer warps per item = fewer shared-memory partial sums and barriers)
 STREAM_BALANCE = 2.0
@@ -189,14 +200,19 @@ def stream_wpi(items: int, nsteps: int, total_warps: int, balance: float = STREA
 def stream_plan(M: int, topk: int, E: int, H: int, I: int, num_sms: int, overrides=None) -> dict:
     """Launch choices of "cuda_stream" for a call (shapes only): variant, warps per item of each GEMM (wpi1 / wpi2)
     and the grid cap per SM (blocks_per_sm, 0 = the occupancy). ``overrides`` (config={"stream": {...}}) replaces
-    any of them."""
+    any of them, and may name a bench-only diagnostic ("diag": STREAM_DIAGS; then in the plan too)."""
     over = dict(overrides or {})
-    bad = set(over) - {"variant", "wpi1", "wpi2", "blocks_per_sm", "balance"}
+    bad = set(over) - {"variant", "wpi1", "wpi2", "blocks_per_sm", "balance", "diag"}
     if bad:
-        raise ValueError(f"stream config keys must be among variant, wpi1, wpi2, blocks_per_sm, balance; got {sorted(bad)}")
+        raise ValueError(f"stream config keys must be among variant, wpi1, wpi2, blocks_per_sm, balance, diag; "
+                         f"got {sorted(bad)}")
     variant = over.get("variant", STREAM_DEFAULT_VARIANT)
     if variant not in STREAM_VARIANTS:
         raise ValueError(f"stream variant must be one of {sorted(STREAM_VARIANTS)}, got {variant!r}")
+    diag = over.get("diag")
+    if diag is not None and (diag not in STREAM_DIAGS or variant not in STREAM_DIAGS[diag][1]):
+        raise ValueError(f"stream diag must be one of {sorted(STREAM_DIAGS)} with a variant it exists for "
+                         f"({ {k: list(v[1]) for k, v in STREAM_DIAGS.items()} }), got {diag!r} with variant {variant}")
     bps = over.get("blocks_per_sm", 0)
     if not isinstance(bps, int) or bps < 0:
         raise ValueError(f"stream blocks_per_sm must be an int >= 0, got {bps!r}")
@@ -207,6 +223,8 @@ def stream_plan(M: int, topk: int, E: int, H: int, I: int, num_sms: int, overrid
     plan = {"variant": variant, "blocks_per_sm": bps,
             "wpi1": stream_wpi(stream_items_bound(S, E, I // STREAM_GEMM1_ROWS), H // STREAM_STEP_K, warps, balance),
             "wpi2": stream_wpi(stream_items_bound(S, E, H // STREAM_GEMM2_ROWS), I // STREAM_STEP_K, warps, balance)}
+    if diag is not None:
+        plan["diag"] = diag
     for k in ("wpi1", "wpi2"):
         if k in over:
             if over[k] not in (1, 2, 4):
