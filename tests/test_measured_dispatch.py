@@ -325,11 +325,17 @@ def test_server_shapes_per_sglang_layout():
     s = startup.server_shapes(_runner(types.SimpleNamespace(), tp=8))
     assert s.decode_rows == startup.DEFAULT_DECODE_BS and "CUDA-graph batch sizes not found" in s.notes[0]
     cases = startup.wanted_cases(startup.server_shapes(_runner(v0517)), num_sms=188)
-    assert list(cases["indexer_logits"]) == ["b1", "b2-8", "b9+"]
+    # the class more of the server's rows fall in first (12-32: 4 rows, 2-8: 3, 1: 1)
+    assert list(cases["indexer_logits"]) == ["b9+", "b2-8", "b1"]
     assert [c.n for c in cases["indexer_logits"]["b9+"]] == [32]       # the largest rows the server runs there
     assert set(cases["sparse_decode"]) == {"h16/b1", "h64/b1", "h16/b2-8", "h64/b2-8", "h16/b9-32", "h64/b9-32"}
-    assert list(cases["hc_prenorm"]) == ["m1", "m2-8", "m9-64", "m1025+"]      # decode sizes and the prefill chunk
+    assert list(cases["hc_prenorm"]) == ["m9-64", "m2-8", "m1", "m1025+"]      # decode sizes and the prefill chunk
     assert {c.get("splits") for c in cases["hc_prenorm"]["m1"]} == {None, 64}
+    # fp8_linear: every class up to 64 rows (eager prefills of few tokens reach any), at wq_b / wo_b / wq_a of TP 4
+    fp8 = cases["fp8_linear"]
+    assert set(fp8) == {"m1", "m2-8", "m9-16", "m17+"} and [c.n for c in fp8["m17+"]] == [64, 64, 64]
+    assert [(c.get("shape"), c.get("N"), c.get("K")) for c in fp8["m2-8"]] == [
+        ("wq_a", 1024, 4096), ("wq_b", 8192, 1024), ("wo_b", 4096, 2048)] and fp8["m2-8"][0].n == 8
 
 
 @pytest.mark.parametrize("version, needle", [
@@ -387,13 +393,26 @@ def test_a_wrong_or_failing_candidate_is_reported_never_chosen_and_a_failing_our
     case = shapes.Case("hc_prenorm", 2, "m2-8", (("splits", None),))
     said = []
     out = startup.measure_cases({"hc_prenorm": {"m2-8": [case]}}, 60.0, said.append, device=torch.device("cpu"),
-                                l2=1 << 20)
+                                l2=1 << 20, all_competitors=True)
     rec = out["hc_prenorm"]["classes"]["m2-8"]
     results = rec["cases"][0]["results"]
+    assert set(rec["cases"][0]["seconds"]) == {"reference", "ours", "sglang replica", "raising", "wrong"}
     assert results["raising"]["status"] == "failed" and "no kernel image" in results["raising"]["reason"]
     assert results["wrong"]["status"] == "wrong" and results["wrong"]["error"] > 0.5
     assert rec["winner"] == "sglang" and rec["best"] == "sglang replica"       # ours 10 us against 7 us; never "wrong"
     assert any(s.startswith("hc_prenorm m2-8: SGLang's (ours 10.0 us, sglang replica 7.0 us)") for s in said), said
+    # at start-up (the default) only ours and the call site's kernel are timed: the others decide nothing there
+    out = startup.measure_cases({"hc_prenorm": {"m2-8": [case]}}, 60.0, said.append, device=torch.device("cpu"),
+                                l2=1 << 20)
+    assert set(out["hc_prenorm"]["classes"]["m2-8"]["cases"][0]["results"]) == {"ours", "sglang replica"}
+    assert out["hc_prenorm"]["classes"]["m2-8"]["winner"] == "sglang"
+    # a wrong kernel at the call site is reported and never chosen: ours runs
+    monkeypatch.setattr(comp, "sglang_default", lambda op, names, v: ("wrong", "the test's"))
+    out = startup.measure_cases({"hc_prenorm": {"m2-8": [case]}}, 60.0, said.append, device=torch.device("cpu"),
+                                l2=1 << 20)
+    rec = out["hc_prenorm"]["classes"]["m2-8"]
+    assert rec["winner"] == "ours" and not rec["handback_runnable"] and rec["why"].startswith("SGLang's wrong wrong:")
+    monkeypatch.setattr(comp, "sglang_default", lambda op, names, v: ("sglang replica", "the test's"))
     # ours failing its check: SGLang's kernel runs there
     monkeypatch.setattr(runner, "ours_prepare", lambda op, impl=None: wrong)
     out = startup.measure_cases({"hc_prenorm": {"m2-8": [case]}}, 60.0, said.append, device=torch.device("cpu"),
@@ -402,6 +421,69 @@ def test_a_wrong_or_failing_candidate_is_reported_never_chosen_and_a_failing_our
     assert rec["winner"] == "sglang" and rec["why"].startswith("ours wrong: relative error")
     ours, why = measured.verdict("hc_prenorm", "m2-8", rec)
     assert not ours and "SGLang's kernel runs" in why
+
+
+def test_a_budget_that_runs_out_is_recorded_and_later_starts_time_nothing(monkeypatch, cache):
+    """bench/startup.measure_cases with a clock that advances 10 s per timing: a 25 s budget decides the first two
+    classes of the op (each: ours + SGLang's kernel) and records the third undecided ("budget"); ensure writes that
+    too, so the next start reads every class (nothing timed), `cache measure` (remeasure) times them again, and an
+    entry of another set-up (a stale key) is measured again."""
+    torch = pytest.importorskip("torch")
+    from deepseek_v4_kernel.bench import competitors as comp
+    from deepseek_v4_kernel.bench import runner, shapes, startup
+
+    clock = [0.0]
+    monkeypatch.setattr(startup, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def timed(calls):
+        clock[0] += 10.0
+        return 7.0, "graph"
+    monkeypatch.setattr(runner, "time_rotated", timed)
+    found = [comp.Competitor("hc_prenorm", "sglang replica", "t", comp.SGLANG, prepare=comp._torch_hc_pre)]
+    monkeypatch.setattr(comp, "discover", lambda op, **k: found)
+    monkeypatch.setattr(comp, "sglang_default", lambda op, names, v: ("sglang replica", "the test's"))
+    cases = {"hc_prenorm": {lb: [shapes.Case("hc_prenorm", n, lb, (("splits", None),))]
+                            for lb, n in (("m2-8", 2), ("m9-64", 9), ("m1", 1))}}
+    said = []
+
+    def measure(todo):
+        return startup.measure_cases({op: {lb: cases[op][lb] for lb in labels} for op, labels in todo.items()},
+                                     25.0, said.append, device=torch.device("cpu"), l2=1 << 20)
+    wanted = {"hc_prenorm": ["m2-8", "m9-64", "m1"]}
+    a = decisions.ensure(1, wanted, measure)
+    assert a.measured_count == 2 and a.undecided_count == 1 and a.source == "measured"
+    assert a.undecided["hc_prenorm"]["m1"].startswith("budget: the 25 s (DSV4_KERNEL_MEASURE_BUDGET_S) ran out")
+    assert "1 undecided (budget; recorded now: the built-in rules decide them" in a.line(), a.line()
+    assert any(x.startswith("hc_prenorm m1: undecided (budget") for x in said), said
+    assert any(x.startswith("hc_prenorm: 2 decided, 1 undecided; seconds: discovery") for x in said), said
+    assert decisions.lookup("hc_prenorm", "m1") is None and decisions.lookup("hc_prenorm", "m2-8")["winner"]
+    data = json.load(open(a.path))
+    assert data["tp"]["1"]["ops"]["hc_prenorm"]["undecided"] == {"m1": a.undecided["hc_prenorm"]["m1"]}
+    # the next start reads all three (two decisions, one undecided), times nothing
+    decisions._set_active(None)
+    calls = []
+    again = decisions.ensure(1, wanted, lambda todo: calls.append(todo) or {})
+    assert not calls and again.source == "read" and again.read_count == 2 and again.undecided_count == 1
+    assert "1 undecided (budget; as recorded" in again.line()
+    # cache measure: everything asked for again; a class decided now leaves the undecided record
+    decisions._set_active(None)
+    clock[0] = 0.0
+    redo = decisions.ensure(1, {"hc_prenorm": ["m1"]}, measure, remeasure=True)
+    assert redo.measured_count == 1 and redo.undecided_count == 0
+    assert "undecided" not in json.load(open(a.path))["tp"]["1"]["ops"]["hc_prenorm"]
+    # another set-up (here: another SGLang) is another key: measured again, whatever the old file recorded
+    decisions._set_active(None)
+    key = dict(decisions.environment_key(0), sglang="9.9.9")
+    calls = []
+    stale = decisions.ensure(1, wanted, _measure_fn(calls, {}), key=key)
+    assert calls == [wanted] and stale.measured_count == 3 and stale.path != a.path
+
+
+def test_the_schedule_takes_every_op_s_first_class_before_any_op_s_second():
+    from deepseek_v4_kernel.bench import startup
+
+    got = startup._schedule({"a": {"x": 1, "y": 2, "w": 3}, "b": {"z": 4}, "c": {}})
+    assert got == [("a", "x"), ("b", "z"), ("a", "y"), ("a", "w")]
 
 
 def test_the_harness_reads_what_a_server_log_says():
