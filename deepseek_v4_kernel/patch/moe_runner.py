@@ -86,7 +86,7 @@ def decide(classes: dict) -> Tuple[str, str]:
     head = (f"FlashInfer's MXFP4 runner cannot run on this GPU ({next((c.get('why') for c in classes.values() if c.get('why')), '')}); "
             if fi_cannot else "")
     tail = f"; ours not a candidate: {bad}" if bad else ""
-    return best, f"{head}{describe_runner(best)} measured fastest ({rule}: {per}){tail}"
+    return best, f"{head}measured fastest ({rule}: {per}){tail}"
 
 
 def _measure_in_subprocess(tp: int) -> str:
