@@ -504,3 +504,71 @@ def test_the_harness_reads_what_a_server_log_says():
     # the line decide_at_model_load prints is what from_log reads
     a = decisions.Active("/c/f.json", 4, "read", read_count=7, seconds=0.004)
     assert cache_cli.from_log(f"[deepseek_v4_kernel] pid 9 GPU 0: {a.line()}")["workers"][0]["read"] == 7
+
+
+def test_fp8_linear_competitor_is_the_function_sglang_resolved_with_its_quantization(monkeypatch):
+    """bench/fp8_competitors on the CPU with a stand-in of SGLang's fp8_utils: where no server set SGLang's backend
+    global, it is set as SGLang's auto would (DSV4_BENCH_FP8_GEMM_BACKEND otherwise) and dispatch_w8a8_block_fp8_linear
+    decides; the resolved function is the call site's original (sglang_default), called with SGLang's keywords; a
+    model's own resolved function wins over both; each is checked against the float64 reference before timing (a
+    replica with SGLang's e4m3 activation quantization passes, a wrong one is reported)."""
+    torch = pytest.importorskip("torch")
+    from deepseek_v4_kernel.bench import competitors as comp
+    from deepseek_v4_kernel.bench import fp8_competitors as fc
+    from deepseek_v4_kernel.bench import inputs, runner, shapes
+    from deepseek_v4_kernel.reference import fp8_linear as ref
+
+    seen = {}
+
+    def quantized_linear(input, weight, block_size, weight_scale, input_scale=None, bias=None):
+        seen["kw"] = (tuple(block_size), input_scale, bias)   # SGLang's own per-1x128 e4m3 activation quantization
+        xg = input.float().view(input.shape[0], -1, 128)
+        s = xg.abs().amax(-1, keepdim=True).clamp_min(1e-8) / 448.0
+        xq = ((xg / s).to(torch.float8_e4m3fn).float() * s).view_as(input)
+        return ref.fp8_linear_reference(xq, weight, weight_scale).to(torch.bfloat16)
+
+    def triton_w8a8_block_fp8_linear(**k):
+        return quantized_linear(**k)
+
+    fu = types.ModuleType(fc.FP8_UTILS)
+    fu.FP8_GEMM_RUNNER_BACKEND = None
+    fu.Fp8GemmRunnerBackend = lambda v: f"backend:{v}"
+    fu.triton_w8a8_block_fp8_linear = triton_w8a8_block_fp8_linear
+    fu.dispatch_w8a8_block_fp8_linear = lambda: triton_w8a8_block_fp8_linear
+    monkeypatch.setitem(sys.modules, fc.FP8_UTILS, fu)
+    monkeypatch.setattr(fc, "RESOLVED", None)
+    monkeypatch.setenv(fc.BACKEND_ENV, "triton")
+    found = comp.discover("fp8_linear")
+    assert fu.FP8_GEMM_RUNNER_BACKEND == "backend:triton"
+    names = [c.name for c in found]
+    default, why = comp.sglang_default("fp8_linear", names, "0.5.17")
+    assert default == "sglang triton_w8a8_block_fp8_linear (Fp8LinearMethod's resolved backend)" == names[0]
+    assert "its own activation quantization" in why and measured._kind(default) == "triton"
+    case = shapes.fp8_linear_case(3, "wq_a", 256, 512)
+    assert case.size_class == "m2-8" and case.label == "m=3 shape=wq_a N=256 K=512"
+    pools = inputs.Pools(torch.device("cpu"), 1 << 20)
+    sets = inputs.fp8_linear_sets(case, pools)[:2]
+    check = inputs.check_rows(case.n)
+    want = inputs.fp8_linear_reference(sets[0], check)
+    monkeypatch.setattr(runner, "time_rotated", lambda calls: (5.0, "graph"))
+    res = runner.measure("fp8_linear", default, found[0].prepare, sets, want, check)
+    assert res["status"] == "ok" and 1e-3 < res["error"] < inputs.TOLERANCE["fp8_linear"], res
+    assert seen["kw"] == ((128, 128), None, None)
+
+    def wrong(a):
+        return lambda: quantized_linear(a["x"], a["weight"], [128, 128], a["weight_scale"] * 2)
+    assert runner.measure("fp8_linear", "wrong", wrong, sets, want, check)["status"] == "wrong"
+    # a loaded model's method says what the server resolved: it wins over this process's dispatch
+    def cutlass_w8a8_block_fp8_linear_with_fallback(**k):
+        return quantized_linear(**k)
+    layer = torch.nn.Module()
+    layer.quant_method = types.SimpleNamespace(block_quant=True,
+                                               w8a8_block_fp8_linear=cutlass_w8a8_block_fp8_linear_with_fallback)
+    model = torch.nn.Module()
+    model.add_module("wq_b", layer)
+    monkeypatch.setattr(fc, "RESOLVED", fc.from_model(model))
+    assert fc.RESOLVED[1] == "the loaded model's wq_b"
+    names = [c.name for c in comp.discover("fp8_linear")]
+    assert comp.sglang_default("fp8_linear", names, "0.5.17")[0] == (
+        "sglang cutlass_w8a8_block_fp8_linear_with_fallback (Fp8LinearMethod's resolved backend)")
+    assert "sglang triton_w8a8_block_fp8_linear" in names   # the user bench times it too, by name

@@ -311,18 +311,23 @@ def measure_cases(cases: Dict[str, Dict[str, List[grid.Case]]], budget: float, s
         if label in results[op]["undecided"]:
             continue
         blocked = st["blocked"]
-        if default in blocked and _transient(blocked[default]):
+        untimed = default in blocked and _transient(blocked[default])
+        if untimed and op != MOE_RUNNER:
             results[op]["undecided"][label] = f"SGLang's {default} not timed: {blocked[default].reason}"
             say(f"{op} {label}: undecided ({results[op]['undecided'][label]}): the built-in rules decide")
             continue
         v = runner.classes_of(rows)[label]
+        if untimed:   # the MoE runner: the others' times are kept; SGLang's own choice stays (patch/moe_runner.py)
+            v["default_not_timed"] = f"SGLang's {default} not timed: {blocked[default].reason}"
         v["cases"] = [{"label": r["label"], "seconds": r["seconds"],
                        "results": {k: {x: (round(y, 3) if isinstance(y, float) else y) for x, y in res.items()}
                                    for k, res in r["results"].items()}} for r in rows]
         if op == MOE_RUNNER:
             v["runners"] = _runner_times(rows)
         ours_bad = [r["results"]["ours"] for r in rows if r["results"]["ours"].get("status") != "ok"]
-        if ours_bad:
+        if v.get("default_not_timed"):
+            v["why"] = v["default_not_timed"]
+        elif ours_bad:
             v["why"] = f"ours {ours_bad[0].get('status')}: {ours_bad[0].get('reason', '')}"
         elif not v["handback_runnable"]:
             sg = default and next((r["results"].get(default) for r in rows

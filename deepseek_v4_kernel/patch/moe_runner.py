@@ -71,13 +71,16 @@ def decide(classes: dict) -> Tuple[str, str]:
     else:
         bad = ""
     times = {lb: runner_times(classes[lb]) for lb in labels}
-    fi_cannot = all(not c.get("handback_runnable", True) for c in classes.values())
-    if not fi_cannot and any(times[lb].get(FLASHINFER_BACKEND) is None for lb in labels):
-        return FLASHINFER_BACKEND, "SGLang's flashinfer_mxfp4 was not timed in every class: SGLang's choice kept"
-    full = {b: sum(times[lb][b] for lb in labels) for b in BACKENDS
-            if all(times[lb].get(b) is not None for lb in labels) and not (b == OURS_BACKEND and bad)}
+    fi_cannot = all(not c.get("handback_runnable", True) and not c.get("default_not_timed")
+                    for c in classes.values())
     per = "; ".join(f"{lb}: " + ", ".join(f"{b} {t[b]}" for b in BACKENDS if t.get(b) is not None) + " us"
                     for lb, t in times.items())
+    if not fi_cannot and any(times[lb].get(FLASHINFER_BACKEND) is None for lb in labels):
+        why = next((c["default_not_timed"] for c in classes.values() if c.get("default_not_timed")), "")
+        return FLASHINFER_BACKEND, (f"SGLang's flashinfer_mxfp4 was not timed in every class"
+                                    f"{' (' + why + ')' if why else ''}: SGLang's choice kept ({per})")
+    full = {b: sum(times[lb][b] for lb in labels) for b in BACKENDS
+            if all(times[lb].get(b) is not None for lb in labels) and not (b == OURS_BACKEND and bad)}
     if not full:
         return FLASHINFER_BACKEND, (f"no runner timed in every class ({per}){'; ' + bad if bad else ''}: SGLang's "
                                     f"choice kept")
