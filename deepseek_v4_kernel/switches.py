@@ -71,6 +71,9 @@ SWITCHES = {
     "DSV4_HC_PRENORM_FNROW": None, "DSV4_HC_PRENORM_FN_GROUPS": None,
     "DSV4_FP4_MOE_IMPL": ("dequant", "dot_scaled", "mxfp8", "cuda_decode", "cuda_stream"),
     "DSV4_FP4_MOE_PDL": None, "DSV4_FP4_MOE_DEQ_PTX": None,
+    # bench-only: the --fp8-gemm-backend a process with no server resolves SGLang's block-FP8 linear for
+    "DSV4_BENCH_FP8_GEMM_BACKEND": ("auto", "triton", "cutlass", "deep_gemm", "flashinfer_trtllm", "flashinfer_cutlass",
+                                    "flashinfer_deepgemm", "aiter"),
 }
 # Read by the patch layer's install (a bad value: nothing is installed, said in one line); the others by the ops
 # (a bad value: each call that reads it goes back to SGLang's own code, WARNING once).

@@ -14,13 +14,16 @@ from conftest import ROOT
 from deepseek_v4_kernel import switches
 from deepseek_v4_kernel.ops import fp4_moe, hc_prenorm
 from deepseek_v4_kernel.ops import sparse_decode as sd
+from deepseek_v4_kernel.patch import policy
 from deepseek_v4_kernel.switches import InvalidSwitch, choice
 from sglang_env import run_child
 
 PKG = os.path.join(ROOT, "deepseek_v4_kernel")
 # variables we read that hold a path, not a switch value
 PATHS = ("DSV4_KERNEL_LIB", "DSV4_KERNEL_STATS_DIR", "DSV4_KERNEL_MEASURED", "DSV4_SGLANG_SOURCES",
-         "DSV4_KERNEL_ENV_SET")
+         "DSV4_KERNEL_ENV_SET", "DSV4_KERNEL_CACHE_DIR",
+         # numbers, each parsed where it is read with an error naming it (not on/off, not a choice)
+         "DSV4_KERNEL_MEASURE_BUDGET_S")
 
 
 def _env(**extra):
@@ -80,6 +83,22 @@ def test_every_switch_the_package_reads_is_in_the_table_and_read_by_the_parser()
     assert not missing, f"read but not in switches.SWITCHES (the doctor would not check them): {missing}"
 
 
+def fp8_backend_read():
+    """bench/fp8_competitors reads its switch where it sets SGLang's backend for a process with no server."""
+    import types
+
+    from deepseek_v4_kernel.bench import fp8_competitors as fc
+
+    fu = types.SimpleNamespace(FP8_GEMM_RUNNER_BACKEND=None, Fp8GemmRunnerBackend=str,
+                               dispatch_w8a8_block_fp8_linear=lambda: None)
+    real = fc.importlib.import_module
+    fc.importlib.import_module = lambda name: fu if name == fc.FP8_UTILS else real(name)
+    try:
+        return fc._resolve_in_process()
+    finally:
+        fc.importlib.import_module = real
+
+
 @pytest.mark.parametrize("name", sorted(n for n, a in switches.SWITCHES.items() if a is not None))
 def test_every_choice_switch_refuses_an_unknown_value_where_the_op_reads_it(name, monkeypatch):
     """Unknown values are errors naming the variable and every accepted value (an InvalidSwitch, i.e. an
@@ -95,7 +114,9 @@ def test_every_choice_switch_refuses_an_unknown_value_where_the_op_reads_it(name
     x, fn = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(24, 256)
     read = {"DSV4_HC_PRENORM_IMPL": lambda: hc_prenorm.dispatch.pick_impl(x, fn, 1),
             "DSV4_HC_PRENORM_PRECISION": hc_prenorm.dispatch._precision,
-            "DSV4_FP4_MOE_IMPL": lambda: fp4_moe.dispatch.default_impl("decode")}[name]
+            "DSV4_FP4_MOE_IMPL": lambda: fp4_moe.dispatch.default_impl("decode"),
+            "DSV4_KERNEL_PREFER": policy.prefer_mode,
+            "DSV4_BENCH_FP8_GEMM_BACKEND": fp8_backend_read}[name]
     with pytest.raises(InvalidSwitch, match=re.escape(said)):
         read()
 

@@ -17,12 +17,14 @@ its JIT is on), by name; only the resolved one decides.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any, Callable, List, Optional, Tuple
 
+from ..switches import choice
 from .competitors import SGLANG, Competitor, NotApplicable, _capability, _why
 
-BACKEND_ENV = "DSV4_BENCH_FP8_GEMM_BACKEND"
+BACKEND_ENV = "DSV4_BENCH_FP8_GEMM_BACKEND"   # SGLang's --fp8-gemm-backend values (0.5.17 Fp8GemmRunnerBackend)
+BACKEND_VALUES = ("auto", "triton", "cutlass", "deep_gemm", "flashinfer_trtllm", "flashinfer_cutlass",
+                  "flashinfer_deepgemm", "aiter")
 RESOLVED: Optional[Tuple[Callable, str]] = None     # (function, where it was read) for this process's server
 FP8_UTILS = "sglang.srt.layers.quantization.fp8_utils"
 BACKENDS = (("triton_w8a8_block_fp8_linear", "triton"), ("cutlass_w8a8_block_fp8_linear_with_fallback", "cutlass"),
@@ -52,11 +54,10 @@ def _resolve_in_process() -> Tuple[Optional[Callable], str]:
     fu = importlib.import_module(FP8_UTILS)
     where = "SGLang's dispatch_w8a8_block_fp8_linear in this process"
     if getattr(fu, "FP8_GEMM_RUNNER_BACKEND", "absent") is None:
-        backend = os.environ.get(BACKEND_ENV, "auto").strip() or "auto"
-        if backend == "auto" and _capability()[0] == 12:
-            backend = "cutlass"
+        asked = choice(BACKEND_ENV, BACKEND_VALUES, "auto")
+        backend = "cutlass" if asked == "auto" and _capability()[0] == 12 else asked
         fu.FP8_GEMM_RUNNER_BACKEND = fu.Fp8GemmRunnerBackend(backend)
-        where += f" (--fp8-gemm-backend {os.environ.get(BACKEND_ENV, 'auto') or 'auto'}, as SGLang resolves it)"
+        where += f" (--fp8-gemm-backend {asked}, as SGLang resolves it)"
     return fu.dispatch_w8a8_block_fp8_linear(), where
 
 
