@@ -86,8 +86,8 @@ def decide(classes: dict) -> Tuple[str, str]:
                                     f"choice kept")
     best = min(full, key=lambda b: (full[b], b != FLASHINFER_BACKEND))
     rule = "least summed us over the decode classes " + ", ".join(labels)
-    head = (f"FlashInfer's MXFP4 runner cannot run on this GPU ({next((c.get('why') for c in classes.values() if c.get('why')), '')}); "
-            if fi_cannot else "")
+    fi_why = next((c.get("why") for c in classes.values() if c.get("why")), "")
+    head = f"FlashInfer's MXFP4 runner cannot run on this GPU ({fi_why}); " if fi_cannot else ""
     tail = f"; ours not a candidate: {bad}" if bad else ""
     return best, f"{head}measured fastest ({rule}: {per}){tail}"
 
