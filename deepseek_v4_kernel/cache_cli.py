@@ -5,9 +5,10 @@ the measured-dispatch cache (patch/decisions.py).
   ``--json`` prints ``[{"path", "key", "decisions": [{"tp", "op", "class", "winner", "runs", "ours_us", "sglang",
   "sglang_us", "why"}]}]`` (what the end-to-end harness reads).
 * ``clear``: delete every entry; the next server start measures again.
-* ``measure``: time ``--op`` (``fp4_moe_runner``: ours against FlashInfer's MXFP4 MoE runner; or sparse_decode,
-  indexer_logits, hc_prenorm) for ``--tp`` at ``--rows`` decode rows on this GPU and add it to this set-up's entry
-  (what the patch layer runs in a subprocess from SGLang's launcher to choose the MoE runner at the first start).
+* ``measure``: time ``--op`` (``fp4_moe_runner``: ours against SGLang's MXFP4 MoE runners, FlashInfer's and
+  Marlin; or sparse_decode, indexer_logits, hc_prenorm, fp8_linear) for ``--tp`` at ``--rows`` decode rows on this
+  GPU and put it in this set-up's entry, again even where a decision or a recorded "undecided" is there (what the
+  patch layer runs in a subprocess from SGLang's launcher to choose the MoE runner at the first start).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def rows_of(path: str, data: dict) -> List[dict]:
                 out.append({"tp": int(tp), "op": op, "class": label, "winner": c.get("winner"),
                             "runs": "ours" if ours else "sglang", "ours_us": c.get("ours_us"),
                             "sglang": c.get("sglang"), "sglang_us": c.get("sglang_us"), "why": c.get("why", "")})
+            for label, why in (rec.get("undecided") or {}).items():
+                out.append({"tp": int(tp), "op": op, "class": label, "winner": None, "runs": "builtin",
+                            "ours_us": None, "sglang": None, "sglang_us": None, "why": f"undecided: {why}"})
     return out
 
 
@@ -105,7 +109,7 @@ def _measure(argv: List[str]) -> int:
                                      policy.sglang_version())
 
     a = decisions.ensure(args.tp, {op: list(v) for op, v in cases.items()}, run,
-                         device_index=torch.cuda.current_device(), shapes=s.as_dict())
+                         device_index=torch.cuda.current_device(), shapes=s.as_dict(), remeasure=True)
     print(a.line())
     return 0
 
@@ -134,6 +138,9 @@ def main(argv=None) -> int:
             if e["key"]:
                 print("  key: " + ", ".join(f"{k} {v}" for k, v in e["key"].items()))
             for r in e["decisions"]:
+                if r["runs"] == "builtin":
+                    print(f"  tp{r['tp']} {r['op']} {r['class']}: {r['why']} (the built-in rules decide)")
+                    continue
                 print(f"  tp{r['tp']} {r['op']} {r['class']}: {r['runs']} runs (ours {r['ours_us']} us, "
                       f"{r['sglang']} {r['sglang_us']} us)" + (f" - {r['why']}" if r["why"] else ""))
         return 0

@@ -98,6 +98,10 @@ SWITCHES = {
     "DSV4_BENCH_ALLOW_SGLANG_JIT": ("0", "1", "small"),
     "DSV4_FP8_LINEAR_KERNEL": ("ring", "regs"), "DSV4_FP8_LINEAR_DECODE": ("cvt", "int"),
     "DSV4_FP8_LINEAR_SPLITS": IntRange(1, 64), "DSV4_FP8_LINEAR_PDL": None,
+
+    # bench-only: the --fp8-gemm-backend a process with no server resolves SGLang's block-FP8 linear for
+    "DSV4_BENCH_FP8_GEMM_BACKEND": ("auto", "triton", "cutlass", "deep_gemm", "flashinfer_trtllm", "flashinfer_cutlass",
+                                    "flashinfer_deepgemm", "aiter"),
 }
 # Read by the patch layer's install (a bad value: nothing is installed, said in one line); the others by the ops
 # (a bad value: each call that reads it goes back to SGLang's own code, WARNING once).

@@ -249,8 +249,9 @@ def test_a_file_the_bench_wrote_on_a_gpu_is_read_and_decides(monkeypatch):
         data = json.load(f)
     assert measured.validate(data, "NVIDIA H200", (9, 0), "0.5.17", data["deepseek_v4_kernel"]) is None
     m = measured.read([path], "NVIDIA H200", (9, 0), "0.5.17", data["deepseek_v4_kernel"])
-    assert m.ok and set(m.classes) == set(measured.OPS)
-    for op in measured.OPS:   # the labels the file holds are the classes the patch layer asks about
+    # (written before the bench timed fp8_linear: a file without an op patches none of its calls by it)
+    assert m.ok and set(m.classes) == set(measured.OPS) - {"fp8_linear"}
+    for op in m.classes:   # the labels the file holds are the classes the patch layer asks about
         assert set(m.classes[op]) <= {measured.size_class(op, n, **({"heads": 64} if op == "sparse_decode" else {}))
                                       for n in measured.class_representatives(op)}, op
     assert measured.op_decision("indexer_logits", m)[0]

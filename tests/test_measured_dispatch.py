@@ -325,11 +325,17 @@ def test_server_shapes_per_sglang_layout():
     s = startup.server_shapes(_runner(types.SimpleNamespace(), tp=8))
     assert s.decode_rows == startup.DEFAULT_DECODE_BS and "CUDA-graph batch sizes not found" in s.notes[0]
     cases = startup.wanted_cases(startup.server_shapes(_runner(v0517)), num_sms=188)
-    assert list(cases["indexer_logits"]) == ["b1", "b2-8", "b9+"]
+    # the class more of the server's rows fall in first (12-32: 4 rows, 2-8: 3, 1: 1)
+    assert list(cases["indexer_logits"]) == ["b9+", "b2-8", "b1"]
     assert [c.n for c in cases["indexer_logits"]["b9+"]] == [32]       # the largest rows the server runs there
     assert set(cases["sparse_decode"]) == {"h16/b1", "h64/b1", "h16/b2-8", "h64/b2-8", "h16/b9-32", "h64/b9-32"}
-    assert list(cases["hc_prenorm"]) == ["m1", "m2-8", "m9-64", "m1025+"]      # decode sizes and the prefill chunk
+    assert list(cases["hc_prenorm"]) == ["m9-64", "m2-8", "m1", "m1025+"]      # decode sizes and the prefill chunk
     assert {c.get("splits") for c in cases["hc_prenorm"]["m1"]} == {None, 64}
+    # fp8_linear: every class up to 64 rows (eager prefills of few tokens reach any), at wq_b / wo_b / wq_a of TP 4
+    fp8 = cases["fp8_linear"]
+    assert set(fp8) == {"m1", "m2-8", "m9-16", "m17+"} and [c.n for c in fp8["m17+"]] == [64, 64, 64]
+    assert [(c.get("shape"), c.get("N"), c.get("K")) for c in fp8["m2-8"]] == [
+        ("wq_a", 1024, 4096), ("wq_b", 8192, 1024), ("wo_b", 4096, 2048)] and fp8["m2-8"][0].n == 8
 
 
 @pytest.mark.parametrize("version, needle", [
@@ -387,13 +393,26 @@ def test_a_wrong_or_failing_candidate_is_reported_never_chosen_and_a_failing_our
     case = shapes.Case("hc_prenorm", 2, "m2-8", (("splits", None),))
     said = []
     out = startup.measure_cases({"hc_prenorm": {"m2-8": [case]}}, 60.0, said.append, device=torch.device("cpu"),
-                                l2=1 << 20)
+                                l2=1 << 20, all_competitors=True)
     rec = out["hc_prenorm"]["classes"]["m2-8"]
     results = rec["cases"][0]["results"]
+    assert set(rec["cases"][0]["seconds"]) == {"reference", "ours", "sglang replica", "raising", "wrong"}
     assert results["raising"]["status"] == "failed" and "no kernel image" in results["raising"]["reason"]
     assert results["wrong"]["status"] == "wrong" and results["wrong"]["error"] > 0.5
     assert rec["winner"] == "sglang" and rec["best"] == "sglang replica"       # ours 10 us against 7 us; never "wrong"
     assert any(s.startswith("hc_prenorm m2-8: SGLang's (ours 10.0 us, sglang replica 7.0 us)") for s in said), said
+    # at start-up (the default) only ours and the call site's kernel are timed: the others decide nothing there
+    out = startup.measure_cases({"hc_prenorm": {"m2-8": [case]}}, 60.0, said.append, device=torch.device("cpu"),
+                                l2=1 << 20)
+    assert set(out["hc_prenorm"]["classes"]["m2-8"]["cases"][0]["results"]) == {"ours", "sglang replica"}
+    assert out["hc_prenorm"]["classes"]["m2-8"]["winner"] == "sglang"
+    # a wrong kernel at the call site is reported and never chosen: ours runs
+    monkeypatch.setattr(comp, "sglang_default", lambda op, names, v: ("wrong", "the test's"))
+    out = startup.measure_cases({"hc_prenorm": {"m2-8": [case]}}, 60.0, said.append, device=torch.device("cpu"),
+                                l2=1 << 20)
+    rec = out["hc_prenorm"]["classes"]["m2-8"]
+    assert rec["winner"] == "ours" and not rec["handback_runnable"] and rec["why"].startswith("SGLang's wrong wrong:")
+    monkeypatch.setattr(comp, "sglang_default", lambda op, names, v: ("sglang replica", "the test's"))
     # ours failing its check: SGLang's kernel runs there
     monkeypatch.setattr(runner, "ours_prepare", lambda op, impl=None: wrong)
     out = startup.measure_cases({"hc_prenorm": {"m2-8": [case]}}, 60.0, said.append, device=torch.device("cpu"),
@@ -402,6 +421,69 @@ def test_a_wrong_or_failing_candidate_is_reported_never_chosen_and_a_failing_our
     assert rec["winner"] == "sglang" and rec["why"].startswith("ours wrong: relative error")
     ours, why = measured.verdict("hc_prenorm", "m2-8", rec)
     assert not ours and "SGLang's kernel runs" in why
+
+
+def test_a_budget_that_runs_out_is_recorded_and_later_starts_time_nothing(monkeypatch, cache):
+    """bench/startup.measure_cases with a clock that advances 10 s per timing: a 25 s budget decides the first two
+    classes of the op (each: ours + SGLang's kernel) and records the third undecided ("budget"); ensure writes that
+    too, so the next start reads every class (nothing timed), `cache measure` (remeasure) times them again, and an
+    entry of another set-up (a stale key) is measured again."""
+    torch = pytest.importorskip("torch")
+    from deepseek_v4_kernel.bench import competitors as comp
+    from deepseek_v4_kernel.bench import runner, shapes, startup
+
+    clock = [0.0]
+    monkeypatch.setattr(startup, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def timed(calls):
+        clock[0] += 10.0
+        return 7.0, "graph"
+    monkeypatch.setattr(runner, "time_rotated", timed)
+    found = [comp.Competitor("hc_prenorm", "sglang replica", "t", comp.SGLANG, prepare=comp._torch_hc_pre)]
+    monkeypatch.setattr(comp, "discover", lambda op, **k: found)
+    monkeypatch.setattr(comp, "sglang_default", lambda op, names, v: ("sglang replica", "the test's"))
+    cases = {"hc_prenorm": {lb: [shapes.Case("hc_prenorm", n, lb, (("splits", None),))]
+                            for lb, n in (("m2-8", 2), ("m9-64", 9), ("m1", 1))}}
+    said = []
+
+    def measure(todo):
+        return startup.measure_cases({op: {lb: cases[op][lb] for lb in labels} for op, labels in todo.items()},
+                                     25.0, said.append, device=torch.device("cpu"), l2=1 << 20)
+    wanted = {"hc_prenorm": ["m2-8", "m9-64", "m1"]}
+    a = decisions.ensure(1, wanted, measure)
+    assert a.measured_count == 2 and a.undecided_count == 1 and a.source == "measured"
+    assert a.undecided["hc_prenorm"]["m1"].startswith("budget: the 25 s (DSV4_KERNEL_MEASURE_BUDGET_S) ran out")
+    assert "1 undecided (budget; recorded now: the built-in rules decide them" in a.line(), a.line()
+    assert any(x.startswith("hc_prenorm m1: undecided (budget") for x in said), said
+    assert any(x.startswith("hc_prenorm: 2 decided, 1 undecided; seconds: discovery") for x in said), said
+    assert decisions.lookup("hc_prenorm", "m1") is None and decisions.lookup("hc_prenorm", "m2-8")["winner"]
+    data = json.load(open(a.path))
+    assert data["tp"]["1"]["ops"]["hc_prenorm"]["undecided"] == {"m1": a.undecided["hc_prenorm"]["m1"]}
+    # the next start reads all three (two decisions, one undecided), times nothing
+    decisions._set_active(None)
+    calls = []
+    again = decisions.ensure(1, wanted, lambda todo: calls.append(todo) or {})
+    assert not calls and again.source == "read" and again.read_count == 2 and again.undecided_count == 1
+    assert "1 undecided (budget; as recorded" in again.line()
+    # cache measure: everything asked for again; a class decided now leaves the undecided record
+    decisions._set_active(None)
+    clock[0] = 0.0
+    redo = decisions.ensure(1, {"hc_prenorm": ["m1"]}, measure, remeasure=True)
+    assert redo.measured_count == 1 and redo.undecided_count == 0
+    assert "undecided" not in json.load(open(a.path))["tp"]["1"]["ops"]["hc_prenorm"]
+    # another set-up (here: another SGLang) is another key: measured again, whatever the old file recorded
+    decisions._set_active(None)
+    key = dict(decisions.environment_key(0), sglang="9.9.9")
+    calls = []
+    stale = decisions.ensure(1, wanted, _measure_fn(calls, {}), key=key)
+    assert calls == [wanted] and stale.measured_count == 3 and stale.path != a.path
+
+
+def test_the_schedule_takes_every_op_s_first_class_before_any_op_s_second():
+    from deepseek_v4_kernel.bench import startup
+
+    got = startup._schedule({"a": {"x": 1, "y": 2, "w": 3}, "b": {"z": 4}, "c": {}})
+    assert got == [("a", "x"), ("b", "z"), ("a", "y"), ("a", "w")]
 
 
 def test_the_harness_reads_what_a_server_log_says():
@@ -422,3 +504,71 @@ def test_the_harness_reads_what_a_server_log_says():
     # the line decide_at_model_load prints is what from_log reads
     a = decisions.Active("/c/f.json", 4, "read", read_count=7, seconds=0.004)
     assert cache_cli.from_log(f"[deepseek_v4_kernel] pid 9 GPU 0: {a.line()}")["workers"][0]["read"] == 7
+
+
+def test_fp8_linear_competitor_is_the_function_sglang_resolved_with_its_quantization(monkeypatch):
+    """bench/fp8_competitors on the CPU with a stand-in of SGLang's fp8_utils: where no server set SGLang's backend
+    global, it is set as SGLang's auto would (DSV4_BENCH_FP8_GEMM_BACKEND otherwise) and dispatch_w8a8_block_fp8_linear
+    decides; the resolved function is the call site's original (sglang_default), called with SGLang's keywords; a
+    model's own resolved function wins over both; each is checked against the float64 reference before timing (a
+    replica with SGLang's e4m3 activation quantization passes, a wrong one is reported)."""
+    torch = pytest.importorskip("torch")
+    from deepseek_v4_kernel.bench import competitors as comp
+    from deepseek_v4_kernel.bench import fp8_competitors as fc
+    from deepseek_v4_kernel.bench import inputs, runner, shapes
+    from deepseek_v4_kernel.reference import fp8_linear as ref
+
+    seen = {}
+
+    def quantized_linear(input, weight, block_size, weight_scale, input_scale=None, bias=None):
+        seen["kw"] = (tuple(block_size), input_scale, bias)   # SGLang's own per-1x128 e4m3 activation quantization
+        xg = input.float().view(input.shape[0], -1, 128)
+        s = xg.abs().amax(-1, keepdim=True).clamp_min(1e-8) / 448.0
+        xq = ((xg / s).to(torch.float8_e4m3fn).float() * s).view_as(input)
+        return ref.fp8_linear_reference(xq, weight, weight_scale).to(torch.bfloat16)
+
+    def triton_w8a8_block_fp8_linear(**k):
+        return quantized_linear(**k)
+
+    fu = types.ModuleType(fc.FP8_UTILS)
+    fu.FP8_GEMM_RUNNER_BACKEND = None
+    fu.Fp8GemmRunnerBackend = lambda v: f"backend:{v}"
+    fu.triton_w8a8_block_fp8_linear = triton_w8a8_block_fp8_linear
+    fu.dispatch_w8a8_block_fp8_linear = lambda: triton_w8a8_block_fp8_linear
+    monkeypatch.setitem(sys.modules, fc.FP8_UTILS, fu)
+    monkeypatch.setattr(fc, "RESOLVED", None)
+    monkeypatch.setenv(fc.BACKEND_ENV, "triton")
+    found = comp.discover("fp8_linear")
+    assert fu.FP8_GEMM_RUNNER_BACKEND == "backend:triton"
+    names = [c.name for c in found]
+    default, why = comp.sglang_default("fp8_linear", names, "0.5.17")
+    assert default == "sglang triton_w8a8_block_fp8_linear (Fp8LinearMethod's resolved backend)" == names[0]
+    assert "its own activation quantization" in why and measured._kind(default) == "triton"
+    case = shapes.fp8_linear_case(3, "wq_a", 256, 512)
+    assert case.size_class == "m2-8" and case.label == "m=3 shape=wq_a N=256 K=512"
+    pools = inputs.Pools(torch.device("cpu"), 1 << 20)
+    sets = inputs.fp8_linear_sets(case, pools)[:2]
+    check = inputs.check_rows(case.n)
+    want = inputs.fp8_linear_reference(sets[0], check)
+    monkeypatch.setattr(runner, "time_rotated", lambda calls: (5.0, "graph"))
+    res = runner.measure("fp8_linear", default, found[0].prepare, sets, want, check)
+    assert res["status"] == "ok" and 1e-3 < res["error"] < inputs.TOLERANCE["fp8_linear"], res
+    assert seen["kw"] == ((128, 128), None, None)
+
+    def wrong(a):
+        return lambda: quantized_linear(a["x"], a["weight"], [128, 128], a["weight_scale"] * 2)
+    assert runner.measure("fp8_linear", "wrong", wrong, sets, want, check)["status"] == "wrong"
+    # a loaded model's method says what the server resolved: it wins over this process's dispatch
+    def cutlass_w8a8_block_fp8_linear_with_fallback(**k):
+        return quantized_linear(**k)
+    layer = torch.nn.Module()
+    layer.quant_method = types.SimpleNamespace(block_quant=True,
+                                               w8a8_block_fp8_linear=cutlass_w8a8_block_fp8_linear_with_fallback)
+    model = torch.nn.Module()
+    model.add_module("wq_b", layer)
+    monkeypatch.setattr(fc, "RESOLVED", fc.from_model(model))
+    assert fc.RESOLVED[1] == "the loaded model's wq_b"
+    names = [c.name for c in comp.discover("fp8_linear")]
+    assert comp.sglang_default("fp8_linear", names, "0.5.17")[0] == (
+        "sglang cutlass_w8a8_block_fp8_linear_with_fallback (Fp8LinearMethod's resolved backend)")
+    assert "sglang triton_w8a8_block_fp8_linear" in names   # the user bench times it too, by name

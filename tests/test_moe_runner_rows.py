@@ -85,14 +85,29 @@ FLASHINFER_CANNOT_RUN = {"winner": "ours", "ours_us": 50.0, "sglang": "flashinfe
 def test_measured_ours_faster_takes_the_triton_runner(version, tmp_path):
     result, said = _resolve(version, tmp_path, OURS_FASTER)
     assert result == "triton", said
-    assert len(said) == 1 and "ours (triton runner) - ours measured faster than FlashInfer's MXFP4 runner" in said[0]
+    assert len(said) == 1 and "ours (triton runner) - measured fastest (least summed us over the decode classes " \
+        "tokens1, tokens2-8, tokens9-32: tokens1: triton 50.0, flashinfer_mxfp4 80.0 us" in said[0], said
     assert f"read from {tmp_path}" in said[0], said
+
+
+MARLIN_FASTEST = dict(OURS_FASTER, runners={"triton": 50.0, "marlin": 40.0, "flashinfer_mxfp4": 80.0})
+MARLIN_UNTIMED = dict(OURS_FASTER, runners={"triton": 50.0, "marlin": None, "flashinfer_mxfp4": 80.0})
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_marlin_measured_fastest_takes_sglang_s_marlin_runner(version, tmp_path):
+    result, said = _resolve(version, tmp_path, MARLIN_FASTEST)
+    assert result == "marlin", said
+    assert "SGLang's marlin - measured fastest" in said[0] and "marlin 40.0" in said[0], said
+    # a runner not timed in every class is never chosen
+    result, said = _resolve(version, tmp_path / "untimed", MARLIN_UNTIMED)
+    assert result == "triton" and "marlin" not in said[0].split(" - ")[1].split("us")[0], said
 
 
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
 def test_flashinfer_faster_or_nothing_measured_keeps_sglang_choice(version, tmp_path):
     result, said = _resolve(version, tmp_path, FLASHINFER_FASTER)
-    assert result == "flashinfer_mxfp4" and "FlashInfer's MXFP4 runner measured faster" in said[0], said
+    assert result == "flashinfer_mxfp4" and "SGLang's flashinfer_mxfp4 - measured fastest" in said[0], said
     # no entry, and the timing subprocess cannot run here (no GPU): SGLang's choice stands, and why is said
     result, said = _resolve(version, tmp_path / "empty", None)
     assert result == "flashinfer_mxfp4", said

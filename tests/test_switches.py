@@ -24,7 +24,9 @@ PKG = os.path.join(ROOT, "deepseek_v4_kernel")
 # variables we read that hold a path, not a switch value
 # paths, and values with their own typed parser that names the variable (DSV4_KERNEL_MEASURE_BUDGET_S: seconds > 0)
 PATHS = ("DSV4_KERNEL_LIB", "DSV4_KERNEL_STATS_DIR", "DSV4_KERNEL_MEASURED", "DSV4_SGLANG_SOURCES",
-         "DSV4_KERNEL_ENV_SET", "DSV4_KERNEL_CACHE_DIR", "DSV4_KERNEL_MEASURE_BUDGET_S")
+         "DSV4_KERNEL_ENV_SET", "DSV4_KERNEL_CACHE_DIR",
+         # numbers, each parsed where it is read with an error naming it (not on/off, not a choice)
+         "DSV4_KERNEL_MEASURE_BUDGET_S")
 
 
 def _env(**extra):
@@ -84,6 +86,22 @@ def test_every_switch_the_package_reads_is_in_the_table_and_read_by_the_parser()
     assert not missing, f"read but not in switches.SWITCHES (the doctor would not check them): {missing}"
 
 
+def fp8_backend_read():
+    """bench/fp8_competitors reads its switch where it sets SGLang's backend for a process with no server."""
+    import types
+
+    from deepseek_v4_kernel.bench import fp8_competitors as fc
+
+    fu = types.SimpleNamespace(FP8_GEMM_RUNNER_BACKEND=None, Fp8GemmRunnerBackend=str,
+                               dispatch_w8a8_block_fp8_linear=lambda: None)
+    real = fc.importlib.import_module
+    fc.importlib.import_module = lambda name: fu if name == fc.FP8_UTILS else real(name)
+    try:
+        return fc._resolve_in_process()
+    finally:
+        fc.importlib.import_module = real
+
+
 @pytest.mark.parametrize("name", sorted(n for n, a in switches.SWITCHES.items()
                                         if a is not None and not isinstance(a, switches.IntRange)))
 def test_every_choice_switch_refuses_an_unknown_value_where_the_op_reads_it(name, monkeypatch):
@@ -104,7 +122,8 @@ def test_every_choice_switch_refuses_an_unknown_value_where_the_op_reads_it(name
             "DSV4_KERNEL_PREFER": policy.prefer_mode,
             "DSV4_BENCH_ALLOW_SGLANG_JIT": lambda: moe_competitors._allow_jit(None),
             "DSV4_FP8_LINEAR_KERNEL": fp8_dispatch.kernel_choice,
-            "DSV4_FP8_LINEAR_DECODE": fp8_dispatch.decode_choice}[name]
+            "DSV4_FP8_LINEAR_DECODE": fp8_dispatch.decode_choice,
+            "DSV4_BENCH_FP8_GEMM_BACKEND": fp8_backend_read}[name]
     with pytest.raises(InvalidSwitch, match=re.escape(said)):
         read()
 

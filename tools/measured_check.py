@@ -9,6 +9,7 @@ Writes one JSON line to --out: the decision line's numbers, the wall time of the
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -26,6 +27,7 @@ from deepseek_v4_kernel.errors import KeepOriginal  # noqa: E402
 from deepseek_v4_kernel.patch import decisions, measured  # noqa: E402
 
 t_import = time.monotonic() - t_import
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")   # the per-class lines with seconds
 torch.cuda.init()
 hf = types.SimpleNamespace(num_attention_heads=64, index_topk=512, moe_intermediate_size=2048)
 sa = types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(decode=types.SimpleNamespace(bs=[1, 2, 4, 8, 16, 32])),
@@ -39,10 +41,14 @@ rec = {"tag": args.tag, "torch_import_s": round(t_import, 2), "decide_wall_s": r
 if a is None:
     rec["error"] = "no decision (see stderr)"
 else:
+    wanted = startup.wanted_cases(startup.server_shapes(runner), startup.OPS_AT_START,
+                                  torch.cuda.get_device_properties(0).multi_processor_count)
     rec.update(source=a.source, path=a.path, read=a.read_count, measured=a.measured_count, seconds=round(a.seconds, 4),
-               notes=a.notes)
+               notes=a.notes, wanted=sum(len(v) for v in wanted.values()), undecided=a.undecided,
+               undecided_count=a.undecided_count, line=a.line())
     checks, bad = [], []
-    originals = {"indexer_logits": "tilelang", "hc_prenorm": "deep_gemm", "sparse_decode": "flashinfer"}
+    originals = {"indexer_logits": "tilelang", "hc_prenorm": "deep_gemm", "sparse_decode": "flashinfer",
+                 "fp8_linear": None}
     for op, classes in a.classes.items():
         for label, v in classes.items():
             try:

@@ -15,6 +15,7 @@ Inputs per op (every tensor on the GPU):
                   page_table [b,pages] int32; max_seq_len  -> logits [b, >= max_seq_len] fp32 (t < seq_lens)
   hc_prenorm      x [m,K] bf16; fn [n,K] fp32; num_splits None or S  -> (out [S',m,>=n], sqrsum [S',m]): partial
                   sums over K slices in any count S' (the caller of each path sums them)
+  fp8_linear      x [M,K] bf16; weight [N,K] e4m3; weight_scale [N/128,K/128] fp32  -> y [M,N] bf16
   fp4_moe         x [M,H] bf16; w13 uint8 [E,2I,H/2] (gate rows, then up); w13_scale uint8 UE8M0 [E,2I,H/32];
                   w2 uint8 [E,H,I/2]; w2_scale [E,H,I/32]; topk_weights [M,k] fp32; topk_ids [M,k] int32;
                   swiglu_limit  -> out [M,H] bf16 (routed scaling left out)
@@ -32,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..patch import policy
 
-OPS = ("sparse_decode", "indexer_logits", "hc_prenorm", "fp4_moe")
+OPS = ("sparse_decode", "indexer_logits", "hc_prenorm", "fp4_moe", "fp8_linear")
 SGLANG, NATIVE = "sglang", "native"   # roles: a path SGLang may run for the op; DeepSeek's own kernel (reference)
 
 # SGLang files per kernel, newest layout first (0.5.16 moved the kernels to sglang/kernels)
@@ -571,6 +572,7 @@ def _builtin(builder):
 PROVIDERS: Dict[str, List[Callable[[Discovery], List[Competitor]]]] = {
     "sparse_decode": [_builtin(_sparse_decode)], "indexer_logits": [_builtin(_indexer)],
     "hc_prenorm": [_builtin(_hc_prenorm)], "fp4_moe": [_builtin(_fp4_moe)],
+    "fp8_linear": [lambda d: importlib.import_module(__package__ + ".fp8_competitors").fp8_linear_competitors(d)],
 }
 
 
@@ -629,4 +631,8 @@ def sglang_default(op: str, names: List[str], sglang_version: Optional[str]) -> 
         return pick(tag, "torch"), "SGLang < 0.5.16 runs its torch fallback on SM120 (our env row selects it)"
     if op == "hc_prenorm":
         return pick("deep_gemm"), "the patched call site is DeepGEMM's prenorm GEMM (no SM120 kernel)"
+    if op == "fp8_linear":
+        return (next((n for n in names if n.endswith("(Fp8LinearMethod's resolved backend)")), None),
+                "Fp8LinearMethod.apply runs the block-FP8 function --fp8-gemm-backend resolved to (its own "
+                "activation quantization included)")
     return pick(tag, "triton MoE runner"), "the patched call site is Fp8MoEMethod.apply on SGLang's Triton MoE runner"

@@ -16,6 +16,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from ..reference import fp4_moe as ref_moe
+from ..reference import fp8_linear as ref_fp8
 from ..reference import hc_prenorm as ref_hc
 from ..reference import indexer_logits as ref_idx
 from ..reference import sparse_decode as ref_sd
@@ -25,7 +26,8 @@ from .timing import rotation_count
 # Relative L2 error of the checked rows against the float64 reference beyond which a kernel is reported wrong
 # (not timed). Well above each op's rounding (our kernels are within 1e-3 .. 1e-2 of these references; FlashInfer's
 # fp8 Q / P and W4A8's fp8 activations a few 1e-2) and far below a layout or indexing mistake (order 1).
-TOLERANCE = {"sparse_decode": 0.08, "indexer_logits": 0.02, "hc_prenorm": 0.01, "fp4_moe": 0.08}
+TOLERANCE = {"sparse_decode": 0.08, "indexer_logits": 0.02, "hc_prenorm": 0.01, "fp4_moe": 0.08,
+             "fp8_linear": 0.08}   # fp8_linear: SGLang's backends quantize x to e4m3 per 1 x 128 (~3 % of the norm)
 SWA_PAGE, EXTRA_PAGE = 256, 64
 MAX_SETS = 64
 
@@ -208,10 +210,31 @@ def fp4_moe_reference(a: dict, rows: List[int]) -> torch.Tensor:
                                      swiglu_limit=a["swiglu_limit"]).cpu()
 
 
+def fp8_linear_sets(case: shapes.Case, pools: Pools) -> List[dict]:
+    """Each set its own weight (the weight is what a decode-size call reads: cold in L2 for every call): e4m3 of
+    unit-variance values, power-of-two fp32 block scales 2^-8 .. 2^-5 (what SGLang keeps in weight_scale_inv for the
+    Triton / CUTLASS runners; exact in DeepGEMM's UE8M0 requant), x bf16."""
+    M, N, K = case.n, case.get("N"), case.get("K")
+    dev, g = pools.device, pools.gen
+    n = rotation_count(shapes.case_bytes(case)["bytes"], pools.l2, hi=16)
+    sets = []
+    for _ in range(n):
+        w = torch.randn(N, K, device=dev, generator=g).clamp(-8, 8).to(torch.float8_e4m3fn)
+        e = torch.randint(-8, -4, (-(-N // 128), -(-K // 128)), device=dev, generator=g)
+        sets.append(dict(x=torch.randn(M, K, device=dev, generator=g).bfloat16(), weight=w,
+                         weight_scale=torch.exp2(e.float()).contiguous()))
+    return sets
+
+
+def fp8_linear_reference(a: dict, rows: List[int]) -> torch.Tensor:
+    return ref_fp8.fp8_linear_reference(a["x"][rows], a["weight"], a["weight_scale"]).cpu()
+
+
 SETS = {"sparse_decode": sparse_decode_sets, "indexer_logits": indexer_sets, "hc_prenorm": hc_prenorm_sets,
-        "fp4_moe": fp4_moe_sets}
+        "fp4_moe": fp4_moe_sets, "fp8_linear": fp8_linear_sets}
 REFERENCE = {"sparse_decode": sparse_decode_reference, "indexer_logits": indexer_reference,
-             "hc_prenorm": hc_prenorm_reference, "fp4_moe": fp4_moe_reference}
+             "hc_prenorm": hc_prenorm_reference, "fp4_moe": fp4_moe_reference,
+             "fp8_linear": fp8_linear_reference}
 
 
 def rel_error(op: str, result, ref, a: dict, rows: List[int]) -> float:

@@ -17,7 +17,8 @@ from . import inputs, shapes
 from .timing import time_rotated
 
 
-POOL_PREFIX = {"sparse_decode": "sd.", "indexer_logits": "idx.", "hc_prenorm": "hc.", "fp4_moe": "moe."}
+POOL_PREFIX = {"sparse_decode": "sd.", "indexer_logits": "idx.", "hc_prenorm": "hc.", "fp4_moe": "moe.",
+               "fp8_linear": "fp8."}
 
 
 @dataclass
@@ -55,6 +56,10 @@ def ours_prepare(op: str, impl: Optional[str] = None) -> Callable[[dict], Callab
                 return a["out"], a["sqrsum"]
             return call
         return prepare
+    if op == "fp8_linear":   # bf16 x as the patch hands it over (SGLang's activation quantization skipped)
+        from ..ops.fp8_linear import fp8_linear
+
+        return lambda a: (lambda: fp8_linear(a["x"], a["weight"], a["weight_scale"], block_size=(128, 128)))
     from ..ops.fp4_moe import fp4_moe
 
     return lambda a: (lambda: fp4_moe(a["x"], a["w13"], a["w13_scale"], a["w2"], a["w2_scale"], a["topk_weights"],

@@ -31,7 +31,12 @@ GRIDS = {   # the class variable's grid points (measured.CLASS_BOUNDS) and the q
     "indexer_logits": ((1, 8, 32), (1, 32)),
     "hc_prenorm": ((1, 8, 64, 256, 1024, 4096), (8, 256, 4096)),
     "fp4_moe": ((1, 8, 32, 128, 1024), (8, 128)),
+    "fp8_linear": ((1, 8, 16, 64), (1, 16)),
 }
+# fp8_linear: the dense block-FP8 projections per rank (ops/fp8_linear/shapes.py, plain data); the start-up timing
+# takes three of them (the largest column- and row-parallel ones and a replicated one), the bench every plain one
+FP8_STARTUP_SHAPES = ("wq_b", "wo_b", "wq_a")
+FP8_MAX_M = 64   # above it SGLang's GEMM runs anyway (patch/fp8_adapters.py FP8_LINEAR_MAX_M)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,24 @@ def fp4_moe_cases(tp: int, quick: bool = False) -> List[Case]:
             for t in grid]
 
 
+def fp8_linear_shapes(tp: int, names: Optional[Tuple[str, ...]] = None):
+    """The plain (not grouped) dense FP8 projections of one rank, as (name, N, K); ``names``: those only."""
+    from ..ops.fp8_linear.shapes import model_shapes
+
+    out = [(s.name, s.N, s.K) for s in model_shapes(check_tp(tp)) if s.groups is None]
+    return [o for o in out if names is None or o[0] in names]
+
+
+def fp8_linear_case(m: int, name: str, N: int, K: int) -> Case:
+    return Case("fp8_linear", m, size_class("fp8_linear", m), (("shape", name), ("N", N), ("K", K)))
+
+
+def fp8_linear_cases(tp: int, quick: bool = False) -> List[Case]:
+    grid = GRIDS["fp8_linear"][1 if quick else 0]
+    shp = fp8_linear_shapes(tp, FP8_STARTUP_SHAPES if quick else None)
+    return [fp8_linear_case(m, *s) for m in grid for s in shp]
+
+
 def cases(op: str, tp: int, num_sms: int, quick: bool = False, pad: bool = True) -> List[Case]:
     if op == "sparse_decode":
         return sparse_decode_cases(tp, pad, quick)
@@ -122,6 +145,8 @@ def cases(op: str, tp: int, num_sms: int, quick: bool = False, pad: bool = True)
         return hc_prenorm_cases(tp, num_sms, quick)
     if op == "fp4_moe":
         return fp4_moe_cases(tp, quick)
+    if op == "fp8_linear":
+        return fp8_linear_cases(tp, quick)
     raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
 
 
@@ -148,6 +173,9 @@ def case_bytes(case: Case) -> Dict[str, float]:
     if case.op == "hc_prenorm":
         s = case.get("splits") or 1
         return {"bytes": case.n * HC_K * 2 + HC_N * HC_K * 4 + s * case.n * (HC_N + 1) * 4}
+    if case.op == "fp8_linear":
+        N, K = case.get("N"), case.get("K")
+        return {"bytes": N * K + (-(-N // 128)) * (-(-K // 128)) * 4 + case.n * (K + N) * 2}
     inter = case.get("inter")
     per_expert = 3 * MOE_HIDDEN * inter // 2 + 3 * MOE_HIDDEN * inter // 32
     distinct = MOE_EXPERTS * (1 - (1 - MOE_TOPK / MOE_EXPERTS) ** case.n)   # expected experts hit by random routing

@@ -233,12 +233,18 @@ def new_entry(key: Dict[str, object]) -> dict:
             "tp": {}}
 
 
-def missing(entry: Optional[dict], tp: int, wanted: Dict[str, List[str]]) -> Dict[str, List[str]]:
-    """The (op, class labels) of ``wanted`` that ``entry`` has no decision for at TP ``tp``."""
+def missing(entry: Optional[dict], tp: int, wanted: Dict[str, List[str]],
+            undecided_counts: bool = True) -> Dict[str, List[str]]:
+    """The (op, class labels) of ``wanted`` that ``entry`` has nothing for at TP ``tp``: neither a decision nor (with
+    ``undecided_counts``, the default) a recorded "undecided" (a class an earlier start could not time, e.g. its
+    budget ran out: the built-in rules decide it, and later starts do not time it again; ``cache measure`` does)."""
     ops = ((entry or {}).get("tp") or {}).get(str(tp), {}).get("ops", {})
     out = {}
     for op, labels in wanted.items():
-        have = (ops.get(op) or {}).get("classes") or {}
+        rec = ops.get(op) or {}
+        have = set(rec.get("classes") or {})
+        if undecided_counts:
+            have |= set(rec.get("undecided") or {})
         left = [lb for lb in labels if lb not in have]
         if left:
             out[op] = left
@@ -246,7 +252,9 @@ def missing(entry: Optional[dict], tp: int, wanted: Dict[str, List[str]]) -> Dic
 
 
 def merge(entry: dict, tp: int, results: Dict[str, dict], shapes: Optional[dict] = None) -> dict:
-    """Add ``results`` ({op: {"classes": {label: decision}, ...}}) to ``entry``'s TP section."""
+    """Add ``results`` ({op: {"classes": {label: decision}, "undecided": {label: why}, ...}}) to ``entry``'s TP
+    section: a class decided now leaves the undecided record, one undecided now replaces an older decision's place
+    only where it had none (a decision is never dropped for a later start that could not time it)."""
     sec = entry["tp"].setdefault(str(tp), {"ops": {}})
     if shapes is not None:
         sec["shapes"] = shapes
@@ -255,9 +263,30 @@ def merge(entry: dict, tp: int, results: Dict[str, dict], shapes: Optional[dict]
         for k, v in rec.items():
             if k == "classes":
                 dst["classes"].update(v)
-            else:
+            elif k != "undecided":
                 dst[k] = v
+        und = dict(dst.get("undecided") or {})
+        und.update({lb: why for lb, why in (rec.get("undecided") or {}).items() if lb not in dst["classes"]})
+        for lb in rec.get("classes") or {}:
+            und.pop(lb, None)
+        if und:
+            dst["undecided"] = und
+        else:
+            dst.pop("undecided", None)
     return entry
+
+
+def undecided_of(entry: Optional[dict], tp: int, wanted: Optional[Dict[str, List[str]]] = None
+                 ) -> Dict[str, Dict[str, str]]:
+    """{op: {label: why}} of the recorded undecided classes at TP ``tp`` (of ``wanted`` only, if given)."""
+    ops = ((entry or {}).get("tp") or {}).get(str(tp), {}).get("ops", {})
+    out = {}
+    for op, rec in ops.items():
+        und = {lb: w for lb, w in ((rec or {}).get("undecided") or {}).items()
+               if wanted is None or lb in (wanted.get(op) or ())}
+        if und:
+            out[op] = und
+    return out
 
 
 def other_entries(key: Dict[str, object]) -> List[Tuple[str, str]]:
@@ -302,6 +331,12 @@ class Active:
     measured_count: int = 0                         # decisions timed in this process
     seconds: float = 0.0                            # what deciding added to this start
     notes: List[str] = field(default_factory=list)
+    undecided: Dict[str, Dict[str, str]] = field(default_factory=dict)   # op -> label -> why (built-in rules)
+    undecided_new: int = 0                          # of those, recorded by this process
+
+    @property
+    def undecided_count(self) -> int:
+        return sum(len(v) for v in self.undecided.values())
 
     def line(self) -> str:
         """The start-up line's words for it."""
@@ -311,6 +346,11 @@ class Active:
             parts.append(f"{self.read_count} decisions read from {where}")
         if self.measured_count:
             parts.append(f"{self.measured_count} measured here and written to {where}")
+        if self.undecided_count:
+            whys = sorted({w.split(":")[0] for v in self.undecided.values() for w in v.values()})
+            parts.append(f"{self.undecided_count} undecided ({'; '.join(whys)[:120]}; "
+                         f"{'recorded now' if self.undecided_new else 'as recorded'}: the built-in rules decide them; "
+                         f"python -m deepseek_v4_kernel cache measure times them)")
         if not parts:
             parts.append(f"no decision ({where})")
         text = f"measured dispatch, TP {self.tp}: " + ", ".join(parts) + f" ({self.seconds:.2f} s)"
@@ -342,21 +382,32 @@ def _classes_of(entry: dict, tp: int) -> Dict[str, Dict[str, dict]]:
     return {op: dict((rec or {}).get("classes") or {}) for op, rec in ops.items()}
 
 
+def _count(d: Dict[str, Dict]) -> int:
+    return sum(len(v) for v in d.values())
+
+
+def _decided_of(entry: Optional[dict], tp: int, wanted: Dict[str, List[str]]) -> int:
+    classes = _classes_of(entry, tp) if entry else {}
+    return sum(1 for op, labels in wanted.items() for lb in labels if lb in (classes.get(op) or {}))
+
+
 def ensure(tp: int, wanted: Dict[str, List[str]], measure: Callable[[Dict[str, List[str]]], Dict[str, dict]],
            device_index: int = 0, shapes: Optional[dict] = None, wait_s: float = LOCK_WAIT_S,
-           key: Optional[Dict[str, object]] = None) -> Active:
+           key: Optional[Dict[str, object]] = None, remeasure: bool = False) -> Active:
     """The decisions for ``wanted`` ({op: [class labels]}) at TP ``tp``: read from this key's file, else (the classes
-    it lacks) timed by ``measure(missing) -> {op: {"classes": {label: decision}, ...}}`` under the file's lock and
-    written back. Sets and returns this process's Active. Never raises: a failure leaves the classes undecided (the
-    built-in rules then decide) and says why in the notes."""
+    it has nothing for) timed by ``measure(missing) -> {op: {"classes": {label: decision}, "undecided": {label:
+    why}, ...}}`` under the file's lock and written back, the undecided ones too (later starts read them as
+    undecided: the built-in rules decide, nothing is timed again). ``remeasure`` (``cache measure``): time every
+    class of ``wanted`` again. Sets and returns this process's Active. Never raises: a failure leaves the classes
+    undecided (the built-in rules then decide) and says why in the notes."""
     t0 = time.monotonic()
     notes: List[str] = []
     key = key or environment_key(device_index)
     path, entry, why_not = find(key)
     notes += why_not
-    if entry is not None and not missing(entry, tp, wanted):
-        a = Active(path, tp, "read", _classes_of(entry, tp), notes=notes)
-        a.read_count = sum(len(v) for v in wanted.values())
+    if entry is not None and not remeasure and not missing(entry, tp, wanted):
+        a = Active(path, tp, "read", _classes_of(entry, tp), notes=notes, undecided=undecided_of(entry, tp, wanted))
+        a.read_count = _decided_of(entry, tp, wanted)
         a.seconds = time.monotonic() - t0
         _set_active(a)
         return a
@@ -370,34 +421,39 @@ def ensure(tp: int, wanted: Dict[str, List[str]], measure: Callable[[Dict[str, L
         notes.append(f"cache in {d}: {why}")
     if path is None or os.path.dirname(path) != d:
         path = os.path.join(d, file_name(key))
-    read_count = measured_count = 0
+    read_count = measured_count = undecided_new = 0
     classes: Dict[str, Dict[str, dict]] = {}
+    undecided: Dict[str, Dict[str, str]] = {}
     try:
         try:
             with locked(path, wait_s):
                 current, _ = read_entry(path, key)            # another worker may have written it meanwhile
-                todo = missing(current, tp, wanted)
-                have = sum(len(v) for v in wanted.values()) - sum(len(v) for v in todo.values())
+                todo = wanted if remeasure else missing(current, tp, wanted)
+                todo = {op: list(v) for op, v in todo.items() if v}
                 if todo:
                     results = measure(todo)
                     current = merge(current or new_entry(key), tp, results, shapes)
                     measured_count = sum(len(r.get("classes") or {}) for r in results.values())
+                    undecided_new = sum(len(r.get("undecided") or {}) for r in results.values())
                     write_atomic(path, current)
-                read_count = have
-                classes = _classes_of(current, tp)
+                read_count = _decided_of(current, tp, wanted) - measured_count
+                classes = _classes_of(current, tp) if current else {}
+                undecided = undecided_of(current, tp, wanted)
         except LockTimeout as e:                           # the holder is stuck or slow: time this GPU ourselves
             notes.append(f"{e}: timed this GPU without waiting")
-            results = measure(missing(None, tp, wanted))
+            results = measure({op: list(v) for op, v in wanted.items() if v})
             measured_count = sum(len(r.get("classes") or {}) for r in results.values())
+            undecided_new = sum(len(r.get("undecided") or {}) for r in results.values())
             with locked(path, wait_s):
                 current, _ = read_entry(path, key)
                 current = merge(current or new_entry(key), tp, results, shapes)
                 write_atomic(path, current)
             classes = _classes_of(current, tp)
+            undecided = undecided_of(current, tp, wanted)
     except Exception as e:  # noqa: BLE001 - deciding never breaks a start: the built-in rules decide then
         notes.append(f"measured dispatch failed ({type(e).__name__}: {e}); the built-in rules decide")
-    a = Active(path, tp, "measured" if measured_count else ("read" if read_count else "none"), classes,
-               read_count, measured_count, time.monotonic() - t0, notes)
+    a = Active(path, tp, "measured" if measured_count or undecided_new else ("read" if read_count else "none"),
+               classes, max(0, read_count), measured_count, time.monotonic() - t0, notes, undecided, undecided_new)
     _set_active(a)
     return a
 
@@ -416,6 +472,8 @@ def describe(entry: dict) -> List[str]:
                 times = f"ours {c.get('ours_us')} us, {c.get('sglang')} {c.get('sglang_us')} us"
                 tail = f" ({c['why']})" if c.get("why") else ""
                 lines.append(f"tp{tp} {op} {label}: {who} runs ({times}){tail}")
+            for label, why in ((rec or {}).get("undecided") or {}).items():
+                lines.append(f"tp{tp} {op} {label}: undecided ({why}): the built-in rules decide")
     return lines
 
 

@@ -35,7 +35,7 @@ from . import policy
 SCHEMA = "deepseek_v4_kernel.bench/1"
 PATH_ENV = "DSV4_KERNEL_MEASURED"      # a file (or a directory of them) instead of the per-user cache directory
 MEASURED = "measured"                 # the DSV4_KERNEL_PREFER value
-OPS = ("sparse_decode", "indexer_logits", "hc_prenorm", "fp4_moe")
+OPS = ("sparse_decode", "indexer_logits", "hc_prenorm", "fp4_moe", "fp8_linear")
 
 # Size classes: the variable the per-call decision reads and the grid points the bench measures. A class covers the
 # values above the previous grid point up to its own; the last class is open-ended (measured at its grid point).
@@ -46,8 +46,7 @@ CLASS_BOUNDS = {
     "indexer_logits": (1, 8, 32),            # decode rows per call
     "hc_prenorm": (1, 8, 64, 256, 1024, 4096),
     "fp4_moe": (1, 8, 32, 128, 1024),
-    # rows (tokens) per call; not in OPS until the bench times it (a file without it patches no fp8_linear row
-    # under DSV4_KERNEL_PREFER=measured); above the adapters' crossover SGLang's GEMM runs anyway
+    # rows (tokens) per call; above the adapters' crossover (64) SGLang's GEMM runs anyway
     "fp8_linear": (1, 8, 16, 64),
 }
 

@@ -1,14 +1,22 @@
-"""Which MoE runner serves DeepSeek-V4's MXFP4 experts where SGLang's own default is FlashInfer's (0.5.16+ on SM120):
-decided in SGLang's launcher, where it resolves ``--moe-runner-backend auto`` (targets.py, the fp4_moe runner rows).
+"""Which MoE runner serves DeepSeek-V4's MXFP4 experts where SGLang's own default is FlashInfer's (``auto`` resolved to
+``flashinfer_mxfp4``: 0.5.16+ on SM120, 0.5.23 on sm_90 too): decided in SGLang's launcher, where it resolves
+``--moe-runner-backend auto`` (targets.py, the fp4_moe runner rows).
 
-Ours runs behind SGLang's Triton runner (``Fp8MoEMethod.apply``, replaced by patch/adapters.py); FlashInfer's
-``flashinfer_mxfp4`` runner (CUTLASS W4A8 on SM120, W4A16 on sm_90) processes the weights into its own layout at
-load, so the choice must be made before the model loads, in the launcher. It comes from measured dispatch's cache
-(patch/decisions.py, op ``fp4_moe_runner``): at the first start of a set-up the launcher times both in a subprocess
-(``python -m deepseek_v4_kernel cache measure --op fp4_moe_runner``, MEASURE_TIMEOUT_S at most; the subprocess's CUDA
-context is gone before SGLang starts its workers), later starts read the file. Ours is chosen where it was measured
-faster over the decode classes timed (summed), or where FlashInfer's runner cannot run on this GPU; FlashInfer's stays
-where it won, where ours failed, and where nothing could be measured (the reason is logged).
+The candidates: SGLang's auto choice (``flashinfer_mxfp4``: FlashInfer's CUTLASS W4A8 kernel on SM120, W4A16 on
+sm_90), SGLang's Marlin MXFP4 runner (``marlin``, W4A16 mma.sync: sm_90 and SM120), and ours (behind SGLang's
+``triton`` runner, whose ``Fp8MoEMethod.apply`` patch/adapters.py replaces). FlashInfer's and Marlin's quant methods
+process the weights into their own layouts at load, so the choice is made before the model loads, in the launcher.
+It comes from measured dispatch's cache (patch/decisions.py, op ``fp4_moe_runner``): at the first start of a set-up
+the launcher times all three in a subprocess (``python -m deepseek_v4_kernel cache measure --op fp4_moe_runner``,
+MEASURE_TIMEOUT_S at most; SGLang's own weight preparation and call for theirs, bench/moe_competitors.py; the
+subprocess's CUDA context is gone before SGLang starts its workers), later starts read the file.
+
+The rule (``decide``): among the runners timed (and checked against float64) in every decode class timed
+(DECODE_ROWS: 1, 8 and 32 tokens per call, each class at its largest size), the one with the least summed us per
+call, i.e. the fastest over a decode step at each of those batch sizes. A runner that could not be timed is never
+chosen; if SGLang's own choice could not be timed for a reason that may pass (it would JIT-compile first), SGLang's
+choice stays; where it cannot run on this GPU the fastest of the others is taken. A backend the user passed is never
+changed (SGLang declares flashinfer_mxfp4 only for ``auto``).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from . import decisions, policy
 
@@ -30,7 +38,7 @@ DECODE_ROWS = (1, 8, 32)          # the decode classes the runner choice is time
 OURS_BACKEND = "triton"           # SGLang's runner whose quant method (Fp8MoEMethod.apply) our adapter replaces
 FLASHINFER_BACKEND = "flashinfer_mxfp4"
 
-_CHOICE: Optional[Tuple[bool, str]] = None
+_CHOICE: Optional[Tuple[str, str]] = None
 
 
 def _labels() -> list:
@@ -39,26 +47,49 @@ def _labels() -> list:
     return sorted({measured.size_class("fp4_moe", n) for n in DECODE_ROWS})
 
 
-def decide(classes: dict) -> Tuple[bool, str]:
-    """(ours?, why) from the measured classes of op fp4_moe_runner."""
+BACKENDS = (OURS_BACKEND, "marlin", FLASHINFER_BACKEND)
+
+
+def runner_times(c: dict) -> Dict[str, Optional[float]]:
+    """{backend: us} of one measured class (the start-up record's "runners"; an older record: ours and SGLang's)."""
+    if isinstance(c.get("runners"), dict):
+        return dict(c["runners"])
+    return {OURS_BACKEND: c.get("ours_us"), FLASHINFER_BACKEND: c.get("sglang_us")}
+
+
+def describe_runner(backend: str) -> str:
+    return f"ours ({OURS_BACKEND} runner)" if backend == OURS_BACKEND else f"SGLang's {backend}"
+
+
+def decide(classes: dict) -> Tuple[str, str]:
+    """(backend, why) from the measured classes of op fp4_moe_runner (see the module docstring's rule)."""
     if not classes:
-        return False, "nothing measured"
-    if all(c.get("winner") == "ours" and not c.get("handback_runnable", True) for c in classes.values()):
-        why = next((c.get("why") for c in classes.values() if c.get("why")), "")
-        return True, f"FlashInfer's MXFP4 runner cannot run on this GPU ({why})" if why else \
-            "FlashInfer's MXFP4 runner cannot run on this GPU"
-    both = {k: c for k, c in classes.items() if c.get("ours_us") and c.get("sglang_us")}
+        return FLASHINFER_BACKEND, "nothing measured: SGLang's choice kept"
+    labels = sorted(classes)
     if any("ours " in (c.get("why") or "") for c in classes.values()):
-        return False, "ours failed its check: " + next(c["why"] for c in classes.values() if "ours " in
-                                                          (c.get("why") or ""))
-    if not both:
-        return False, "no class timed on both runners"
-    ours = sum(c["ours_us"] for c in both.values())
-    theirs = sum(c["sglang_us"] for c in both.values())
-    per = ", ".join(f"{k} {c['ours_us']} / {c['sglang_us']} us" for k, c in sorted(both.items()))
-    if ours <= theirs:
-        return True, f"ours measured faster than FlashInfer's MXFP4 runner ({per})"
-    return False, f"FlashInfer's MXFP4 runner measured faster ({per})"
+        bad = next(c["why"] for c in classes.values() if "ours " in (c.get("why") or ""))
+    else:
+        bad = ""
+    times = {lb: runner_times(classes[lb]) for lb in labels}
+    fi_cannot = all(not c.get("handback_runnable", True) and not c.get("default_not_timed")
+                    for c in classes.values())
+    per = "; ".join(f"{lb}: " + ", ".join(f"{b} {t[b]}" for b in BACKENDS if t.get(b) is not None) + " us"
+                    for lb, t in times.items())
+    if not fi_cannot and any(times[lb].get(FLASHINFER_BACKEND) is None for lb in labels):
+        why = next((c["default_not_timed"] for c in classes.values() if c.get("default_not_timed")), "")
+        return FLASHINFER_BACKEND, (f"SGLang's flashinfer_mxfp4 was not timed in every class"
+                                    f"{' (' + why + ')' if why else ''}: SGLang's choice kept ({per})")
+    full = {b: sum(times[lb][b] for lb in labels) for b in BACKENDS
+            if all(times[lb].get(b) is not None for lb in labels) and not (b == OURS_BACKEND and bad)}
+    if not full:
+        return FLASHINFER_BACKEND, (f"no runner timed in every class ({per}){'; ' + bad if bad else ''}: SGLang's "
+                                    f"choice kept")
+    best = min(full, key=lambda b: (full[b], b != FLASHINFER_BACKEND))
+    rule = "least summed us over the decode classes " + ", ".join(labels)
+    fi_why = next((c.get("why") for c in classes.values() if c.get("why")), "")
+    head = f"FlashInfer's MXFP4 runner cannot run on this GPU ({fi_why}); " if fi_cannot else ""
+    tail = f"; ours not a candidate: {bad}" if bad else ""
+    return best, f"{head}measured fastest ({rule}: {per}){tail}"
 
 
 def _measure_in_subprocess(tp: int) -> str:
@@ -79,17 +110,17 @@ def _measure_in_subprocess(tp: int) -> str:
     return ""
 
 
-def choose(tp: int, measure=_measure_in_subprocess) -> Tuple[bool, str]:
-    """(ours?, why) for this launcher; decided once per process."""
+def choose(tp: int, measure=_measure_in_subprocess) -> Tuple[str, str]:
+    """(backend, why) for this launcher; decided once per process."""
     global _CHOICE
     if _CHOICE is not None:
         return _CHOICE
     mode = policy.prefer_mode()
     if mode == "ours":
-        _CHOICE = (True, f"{policy.PREFER}=ours")
+        _CHOICE = (OURS_BACKEND, f"{policy.PREFER}=ours")
         return _CHOICE
     if mode == "builtin":
-        _CHOICE = (False, f"{policy.PREFER}=builtin: SGLang's default kept")
+        _CHOICE = (FLASHINFER_BACKEND, f"{policy.PREFER}=builtin: SGLang's default kept")
         return _CHOICE
     t0 = time.monotonic()
     key = decisions.environment_key(0)
@@ -101,18 +132,23 @@ def choose(tp: int, measure=_measure_in_subprocess) -> Tuple[bool, str]:
         path, entry, _ = decisions.find(key)
         how = f"measured at this first start ({time.monotonic() - t0:.1f} s), written to {path}"
         if entry is None or decisions.missing(entry, tp, {OP: labels}) == {OP: labels}:
-            _CHOICE = (False, f"not measured ({why or 'no decision written'}): SGLang's default kept")
+            _CHOICE = (FLASHINFER_BACKEND, f"not measured ({why or 'no decision written'}): SGLang's default kept")
             return _CHOICE
     classes = {k: v for k, v in decisions._classes_of(entry, tp).get(OP, {}).items() if k in labels}
-    ours, why = decide(classes)
-    _CHOICE = (ours, f"{why}; {how}")
+    und = decisions.undecided_of(entry, tp, {OP: labels}).get(OP, {})
+    if und and not classes:
+        _CHOICE = (FLASHINFER_BACKEND, "undecided (" + "; ".join(f"{k}: {w}" for k, w in sorted(und.items()))[:300]
+                   + f"): SGLang's default kept; {how}")
+        return _CHOICE
+    backend, why = decide(classes)
+    _CHOICE = (backend, f"{why}; {how}")
     return _CHOICE
 
 
 def apply(declared: dict, view) -> dict:
     """SGLang's resolution declared ``declared`` for DeepSeek-V4; where it chose FlashInfer's MXFP4 runner (which it
-    does only for ``--moe-runner-backend auto``: a backend the user passed is never changed), take ours instead if
-    the measurement says so. Says the choice once (start-up line of the launcher and the log)."""
+    does only for ``--moe-runner-backend auto``: a backend the user passed is never changed), take the runner the
+    measurement chose. Says the choice once (start-up line of the launcher and the log)."""
     if not isinstance(declared, dict) or declared.get("moe_runner_backend") != FLASHINFER_BACKEND:
         return declared
     try:
@@ -120,15 +156,16 @@ def apply(declared: dict, view) -> dict:
     except Exception:  # noqa: BLE001
         tp = 1
     try:
-        ours, why = choose(tp)
+        backend, why = choose(tp)
     except Exception as e:  # noqa: BLE001 - never break SGLang's resolution: its own choice stands
-        ours, why = False, f"choosing failed ({type(e).__name__}: {e}): SGLang's default kept"
-    runner = f"ours ({OURS_BACKEND} runner)" if ours else f"SGLang's {FLASHINFER_BACKEND}"
-    text = f"MoE runner for DeepSeek-V4's MXFP4 experts: {runner} - {why}"
+        backend, why = FLASHINFER_BACKEND, f"choosing failed ({type(e).__name__}: {e}): SGLang's default kept"
+    if backend not in BACKENDS:
+        backend, why = FLASHINFER_BACKEND, f"unknown runner {backend!r} ({why}): SGLang's default kept"
+    text = f"MoE runner for DeepSeek-V4's MXFP4 experts: {describe_runner(backend)} - {why}"
     log.info("deepseek_v4_kernel: %s", text)
     if not policy.env_flag(policy.QUIET):
         print(f"[deepseek_v4_kernel] {text}", file=sys.stderr, flush=True)
-    return {**declared, "moe_runner_backend": OURS_BACKEND} if ours else declared
+    return declared if backend == FLASHINFER_BACKEND else {**declared, "moe_runner_backend": backend}
 
 
 def _reset_for_tests() -> None:
