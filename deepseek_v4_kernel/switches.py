@@ -96,7 +96,7 @@ SWITCHES = {
     "DSV4_FP4_MOE_IMPL": ("dequant", "dot_scaled", "mxfp8", "cuda_decode", "cuda_stream"),
     "DSV4_FP4_MOE_PDL": None, "DSV4_FP4_MOE_DEQ_PTX": None,
     "DSV4_BENCH_ALLOW_SGLANG_JIT": ("0", "1", "small"),
-    "DSV4_FP8_LINEAR_KERNEL": ("ring", "regs"), "DSV4_FP8_LINEAR_DECODE": ("cvt", "int"),
+    "DSV4_FP8_LINEAR_KERNEL": ("auto", "ring", "regs"), "DSV4_FP8_LINEAR_DECODE": ("cvt", "int"),
     "DSV4_FP8_LINEAR_SPLITS": IntRange(1, 64), "DSV4_FP8_LINEAR_PDL": None,
 
     # bench-only: the --fp8-gemm-backend a process with no server resolves SGLang's block-FP8 linear for

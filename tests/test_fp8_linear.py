@@ -263,11 +263,12 @@ def test_kernel_and_splits_switches(monkeypatch):
     from deepseek_v4_kernel.switches import SWITCHES, InvalidSwitch
     assert SWITCHES[disp.KERNEL_ENV] == disp.KERNELS and SWITCHES[disp.DECODE_ENV] == disp.DECODES
     assert tuple(SWITCHES[disp.SPLITS_ENV]) == (1, disp.MAX_SPLITS)
-    assert disp.kernel_choice() == "ring" and disp.decode_choice() == "cvt"
+    assert disp.kernel_choice() == "auto" and disp.decode_choice() == "cvt"
+    assert [disp.kernel_choice(None, m) for m in (1, 16, 31, 32, 64)] == ["regs"] * 3 + ["ring"] * 2
     monkeypatch.setenv(disp.KERNEL_ENV, " REGS ")
     assert disp.kernel_choice() == "regs" and disp.kernel_choice("ring") == "ring"
     monkeypatch.setenv(disp.KERNEL_ENV, "fast")
-    with pytest.raises(InvalidSwitch, match="DSV4_FP8_LINEAR_KERNEL must be one of ring, regs, got 'fast'"):
+    with pytest.raises(InvalidSwitch, match="DSV4_FP8_LINEAR_KERNEL must be one of auto, ring, regs, got 'fast'"):
         disp.kernel_choice()
     monkeypatch.setenv(disp.SPLITS_ENV, "3")
     assert disp.pick_splits(1, 1024, 4096, 1, 132) == 3

@@ -14,10 +14,10 @@ the shape part without raising). x is never quantized: the kernel converts it to
 
 Keyword options (benchmarks, A/B runs): ``splits`` (K splits, default pick_splits: shape and SM count),
 ``decode`` ("cvt": cvt.rn.f16x2.e4m3x2, the default; "int": the integer e4m3 -> f16 decode; env
-DSV4_FP8_LINEAR_DECODE), ``kernel`` ("ring": weights through a shared-memory ring of cp.async stages, x converted
-once per call by a prep kernel, the default; "regs": the first kernel, weights straight to registers; env
-DSV4_FP8_LINEAR_KERNEL). CUDA-graph safe: no host sync, the split-K workspace and tile counters are persistent
-per (device, stream) (ops/_workspace.py).
+DSV4_FP8_LINEAR_DECODE), ``kernel`` ("auto", the default: "regs" below RING_MIN_M rows, "ring" from
+there; "ring": weights through a shared-memory ring of cp.async stages, x converted once per call by a prep kernel;
+"regs": weights straight to a register ring; env DSV4_FP8_LINEAR_KERNEL). CUDA-graph safe: no host sync, the split-K
+workspace and tile counters are persistent per (device, stream) (ops/_workspace.py).
 """
 from __future__ import annotations
 
@@ -57,9 +57,9 @@ def _decode_choice(decode: Optional[str]) -> str:
     return d
 
 
-def _kernel_choice(kernel: Optional[str]) -> str:
-    k = kernel_choice(kernel)
-    if k not in KERNELS:
+def _kernel_choice(kernel: Optional[str], M: int) -> str:
+    k = kernel_choice(kernel, M)
+    if k not in KERNELS or k == "auto":
         _err(f"kernel must be one of {list(KERNELS)} (or DSV4_FP8_LINEAR_KERNEL), got {k!r}")
     return k
 
@@ -181,7 +181,7 @@ def fp8_linear(x, weight, weight_scale, *, block_size=BLOCK_SIZE, bias=None, out
                              or tuple(bias.shape) != (N,) or bias.stride(0) != 1 or bias.device != x.device):
         _err(f"bias must be None or bf16 [N] = [{N}] contiguous on {x.device}, got {_desc(bias)}")
     out = _check_out(out, (M, N), x.device)
-    decode, kernel = _decode_choice(decode), _kernel_choice(kernel)
+    decode, kernel = _decode_choice(decode), _kernel_choice(kernel, M)
     if M == 0:
         return out
     return _launch(x, weight, weight_scale, mode, bias, out, M, N, K, 1, splits, decode, kernel)
@@ -194,7 +194,7 @@ def fp8_grouped_linear(x, weight, weight_scale, *, out=None, splits=None, decode
     [M, G, N]."""
     M, N, K, G, mode = _check_common(x, weight, weight_scale, True, BLOCK_SIZE)
     out = _check_out(out, (M, G, N), x.device)
-    decode, kernel = _decode_choice(decode), _kernel_choice(kernel)
+    decode, kernel = _decode_choice(decode), _kernel_choice(kernel, M)
     if M == 0:
         return out
     return _launch(x, weight, weight_scale, mode, None, out, M, N, K, G, splits, decode, kernel)

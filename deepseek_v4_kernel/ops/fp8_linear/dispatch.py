@@ -30,7 +30,12 @@ INFLIGHT_NEED_KB = 40.0
 
 # Kernels (params.h DSV4_FP8_LINEAR_KERNEL_*): "ring" (kernel_ring.cuh, the default: weights through a shared-memory
 # ring of cp.async stages, x converted once per call), "regs" (kernel.cuh: weights straight to a register ring; A/B).
-KERNELS = ("ring", "regs")
+KERNELS = ("auto", "ring", "regs")
+# "auto": the register-ring kernel up to RING_MIN_M - 1 rows, the shared-memory ring from RING_MIN_M. H200 (mma.sync,
+# 2026-12-02, benchmarks/bench_fp8_linear.py, every model shape at TP 1): regs / ring time 0.75-0.93x at M 1-8 (e.g.
+# wq_b M 1 15.4 against 18.8 us, wo_b 17.6 against 19.2), 0.84-1.13x at M 16, ring 1.08-1.67x faster at M 32-64
+# (wq_b M 64 36.4 against 53.6 us, wo_b 34.9 against 58.3).
+RING_MIN_M = 32
 KERNEL_IDS = {"ring": 0, "regs": 1}
 KERNEL_ENV = "DSV4_FP8_LINEAR_KERNEL"
 DECODES = ("cvt", "int")
@@ -56,10 +61,13 @@ def ring_smem_bytes(mt: int) -> int:
     return ring_stages(mt) * ring_stage_bytes(mt)
 
 
-def kernel_choice(kernel: Optional[str] = None) -> str:
-    """The kernel of a call: the keyword, else DSV4_FP8_LINEAR_KERNEL, else "ring"."""
+def kernel_choice(kernel: Optional[str] = None, M: Optional[int] = None) -> str:
+    """The kernel of a call: the keyword, else DSV4_FP8_LINEAR_KERNEL, else "auto"; "auto" with the call's rows M
+    resolves to "regs" below RING_MIN_M rows and "ring" from there (without M it stays "auto")."""
     if kernel is None:
-        return choice(KERNEL_ENV, KERNELS, "ring")
+        kernel = choice(KERNEL_ENV, KERNELS, "auto")
+    if kernel == "auto" and M is not None:
+        return "ring" if M >= RING_MIN_M else "regs"
     return kernel
 
 
