@@ -275,6 +275,20 @@ def test_split_k_rule():
     assert op.split_k(1, 1 << 20, 128, 1000) == op.MAX_SPLIT_K
 
 
+def test_stream_default_variant_rule():
+    """The default variant (dispatch.stream_default_variant, measured on an H200): the 4-block register ring up to 48
+    slots (8 tokens at top-6) and wherever shared memory cannot hold four 52 KB blocks per SM (SM120's 100 KB); the
+    4-block shared-memory ring with two MMA chains above 48 slots on 228 KB GPUs (H100 / H200)."""
+    d = op.dispatch
+    assert d.STREAM_DEFAULT_VARIANT is None
+    assert [d.stream_default_variant(S, 228) for S in (6, 48, 49, 96, 1536)] == [1, 1, 5, 5, 5]
+    assert [d.stream_default_variant(S, 100) for S in (6, 48, 49, 1536)] == [1, 1, 1, 1]
+    assert d.stream_default_variant(96) == 1                     # unknown shared memory: the small-memory choice
+    assert d.stream_plan(16, 6, 256, 4096, 2048, 132, None, 228)["variant"] == 5
+    assert d.stream_plan(16, 6, 256, 4096, 2048, 188, None, 100)["variant"] == 1
+    assert d.stream_plan(16, 6, 256, 4096, 2048, 132, {"variant": 0}, 228)["variant"] == 0
+
+
 def test_stream_plan_rule():
     """Shapes only (docs/fp4_moe.md section 4): the fewest warps per item (1, 2, 4) that give every warp of the
     grid >= STREAM_BALANCE items, at most the K steps; DeepSeek-V4-Flash (E 256, top-6, hidden 4096) on 132 SMs."""
@@ -282,18 +296,19 @@ def test_stream_plan_rule():
     assert op.dispatch.stream_items_bound(6, 256, 128) == 768          # 1 token: 6 experts x 128 row tiles
     assert op.dispatch.stream_items_bound(48, 256, 128) == (48 + 6) * 128
     assert op.dispatch.stream_items_bound(1536, 256, 128) == (256 + 192) * 128
+    V0 = {"variant": 0}
     # variant 0: 3 blocks x 4 warps per SM = 1584 warps; 1 token: 768 items -> 4 warps each (3072 < 3168 still)
-    assert plan(1, 6, 256, 4096, 2048, 132) == {"variant": 0, "blocks_per_sm": 0, "wpi1": 4, "wpi2": 4}
-    assert plan(2, 6, 256, 4096, 2048, 132)["wpi1"] == 2               # 13 passes x 128 x 2 >= 3168
-    assert plan(8, 6, 256, 4096, 2048, 132)["wpi1"] == 1
+    assert plan(1, 6, 256, 4096, 2048, 132, V0) == {"variant": 0, "blocks_per_sm": 0, "wpi1": 4, "wpi2": 4}
+    assert plan(2, 6, 256, 4096, 2048, 132, V0)["wpi1"] == 2               # 13 passes x 128 x 2 >= 3168
+    assert plan(8, 6, 256, 4096, 2048, 132, V0)["wpi1"] == 1
     # TP 8 (I = 256): gemm2's K is 2 steps, so at most 2 warps per item
-    assert plan(1, 6, 256, 4096, 256, 132)["wpi2"] == 2
-    assert plan(1, 6, 256, 4096, 256, 132)["wpi1"] == 4
+    assert plan(1, 6, 256, 4096, 256, 132, V0)["wpi2"] == 2
+    assert plan(1, 6, 256, 4096, 256, 132, V0)["wpi1"] == 4
     # variant 1 (4 blocks per SM) has more warps to feed: 2 tokens need 4 warps per item there
     assert plan(2, 6, 256, 4096, 2048, 132, {"variant": 1})["wpi1"] == 4
     # a smaller card (24 SMs) reaches 1 warp per item sooner
-    assert plan(2, 6, 256, 4096, 2048, 24)["wpi1"] == 1
-    assert plan(1, 6, 256, 4096, 2048, 132, {"wpi1": 2, "blocks_per_sm": 1}) == {
+    assert plan(2, 6, 256, 4096, 2048, 24, V0)["wpi1"] == 1
+    assert plan(1, 6, 256, 4096, 2048, 132, {"variant": 0, "wpi1": 2, "blocks_per_sm": 1}) == {
         "variant": 0, "blocks_per_sm": 1, "wpi1": 2, "wpi2": 2}           # 1 block per SM: 528 warps, 768 x 2 >= 1056
     for bad in ({"variant": 6}, {"wpi1": 3}, {"blocks_per_sm": -1}, {"stages": 4}):
         with pytest.raises(ValueError):

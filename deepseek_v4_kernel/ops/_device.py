@@ -77,6 +77,26 @@ def sm_count(device: torch.device) -> int:
     return _sm_count_of(_index(device))
 
 
+# Shared memory per SM (KB) by compute capability, where torch does not report it (CUDA programming guide, table of
+# technical specifications): sm_80 164, sm_86 / sm_89 100, sm_90 / sm_100 228, sm_120 100.
+_SMEM_PER_SM_KB = {(8, 0): 164, (8, 6): 100, (8, 7): 164, (8, 9): 100, (9, 0): 228, (10, 0): 228, (10, 3): 228,
+                   (12, 0): 100, (12, 1): 100}
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_per_sm_kb_of(index: int) -> float:
+    props = torch.cuda.get_device_properties(index)
+    got = getattr(props, "shared_memory_per_multiprocessor", None)
+    if isinstance(got, int) and got > 0:
+        return got / 1024
+    return float(_SMEM_PER_SM_KB.get((props.major, props.minor), 0))
+
+
+def smem_per_sm_kb(device: torch.device) -> float:
+    """Shared memory per SM of a CUDA device in KB (0 when unknown: callers then take their small-memory choice)."""
+    return _smem_per_sm_kb_of(_index(device))
+
+
 @functools.lru_cache(maxsize=None)
 def _extension_error_of(index: int):
     from .. import _ext

@@ -148,3 +148,41 @@ def test_hooks_name_sglang_0_5_17s_dummy_initialiser():
     assert "    initialize_dummy_weights,\n" in loader and "initialize_dummy_weights(model)" in loader
     with pytest.raises(ValueError, match="DSV4_E2E_WEIGHT_SEED must be an integer"):
         dw.parse_seed("seven")
+
+
+class WoA(nn.Module):
+    """DeepSeek-V4's wo_a as SGLang builds it: bf16 where the FP8 wo_a flag is off (SM120), else FP8 + block scales."""
+
+    def __init__(self, fp8: bool, n=256, k=384):
+        super().__init__()
+        self.wo_a = nn.Module()
+        if fp8:
+            self.wo_a.weight = _param(n, k, dtype=torch.float8_e4m3fn)
+            self.wo_a.weight_scale_inv = _param(n // 128, k // 128, dtype=torch.float32)
+        else:
+            self.wo_a.weight = _param(n, k, dtype=torch.bfloat16)
+
+
+def _fill_all(model, seed=7):
+    params = dict(model.named_parameters())
+    return {name: dw.fill_parameter(model, name, p, params, seed) for name, p in params.items()}
+
+
+def test_bf16_wo_a_is_the_dequantized_fp8_draw_of_the_fp8_setup():
+    """The same model in both setups: (a)/(c) build wo_a in bf16 (dequantized at load on SM120), (b) keeps it FP8
+    (SGLANG_OPT_FP8_WO_A_GEMM): the bf16 fill is the FP8 fill times its block scales (a real checkpoint is FP8), and
+    the weight fingerprint (checkpoint level) is the same for both."""
+    bf, f8 = WoA(fp8=False), WoA(fp8=True)
+    assert _fill_all(bf) == {"wo_a.weight": "fp8_dequantized"}
+    assert _fill_all(f8) == {"wo_a.weight": "fp8_weight", "wo_a.weight_scale_inv": "block_scale"}
+    scale = f8.wo_a.weight_scale_inv.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    deq = f8.wo_a.weight.float() * scale
+    assert torch.equal(bf.wo_a.weight.float(), deq.to(torch.bfloat16).float())
+    assert deq.abs().max() > 0 and set(torch.log2(f8.wo_a.weight_scale_inv).flatten().tolist()) <= {
+        float(dw.fp8_block_scale_base(384) + j) for j in (-1, 0, 1)}
+    import run_e2e
+
+    rows = lambda m: sorted(r for name, p in m.named_parameters() for r in run_e2e._logical_rows(  # noqa: E731
+        {"name": name, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
+         "rule": dw.classify(name, str(p.dtype).replace("torch.", ""), p.dim())}))
+    assert rows(bf) == rows(f8)

@@ -61,16 +61,27 @@ def log(msg: str) -> None:
 EXPONENT_DTYPES = ("float32", "float8_e8m0fnu", "uint8")
 
 
+def _logical_rows(p: dict) -> list:
+    """The checkpoint-level rows of one filled parameter: a matrix filled as the dequantized FP8 draw (the shim's
+    fp8_dequantized rule: bf16 where a setup dequantizes the checkpoint's FP8 at load) stands for the FP8 weight and
+    block scales a setup that keeps it in FP8 fills under the same names, with the same values."""
+    if p["rule"] == "fp8_dequantized":
+        n, k = p["shape"]
+        return [(p["name"], (n, k), "float8_e4m3fn", "fp8_weight"),
+                (p["name"] + "_scale_inv", (-(-n // 128), -(-k // 128)), "2^e", "block_scale")]
+    enc = "2^e" if p["rule"].startswith("block_scale") and p["dtype"] in EXPONENT_DTYPES else p["dtype"]
+    return [(p["name"], tuple(p["shape"]), enc, p["rule"])]
+
+
 def weight_fingerprint(weight_dir: str) -> dict:
-    """Per model: a digest of (name, shape, value encoding, fill rule) of every parameter the shim filled."""
+    """Per model: a digest of (name, shape, value encoding, fill rule) of every parameter the shim filled, at the
+    checkpoint's level (_logical_rows), so setups that build a parameter in another dtype from the same draw agree."""
     files = sorted(os.listdir(weight_dir)) if os.path.isdir(weight_dir) else []
     models = {}
     for name in files:
         with open(os.path.join(weight_dir, name)) as f:
             rec = json.load(f)
-        rows = sorted((p["name"], tuple(p["shape"]),
-                       "2^e" if p["rule"].startswith("block_scale") and p["dtype"] in EXPONENT_DTYPES else p["dtype"],
-                       p["rule"]) for p in rec["parameters"])
+        rows = sorted(r for p in rec["parameters"] for r in _logical_rows(p))
         key = rec["model"]
         digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
         models.setdefault(key, {"fingerprint": digest, "parameters": len(rows), "rows": rows})

@@ -71,7 +71,7 @@ import torch
 import triton
 
 from deepseek_v4_kernel.errors import UnsupportedCase
-from deepseek_v4_kernel.ops._device import check_kernel_device, on_input_device, sm_count
+from deepseek_v4_kernel.ops._device import check_kernel_device, on_input_device, sm_count, smem_per_sm_kb
 from deepseek_v4_kernel.ops._stats import count
 from deepseek_v4_kernel.switches import env_bool
 
@@ -221,10 +221,13 @@ def fp4_moe(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
         if why is not None:
             _err(f"impl 'cuda_stream': {why}")
         try:
-            plan = stream_plan(M, topk, E, H, inter, sm_count(dev), over)
+            plan = stream_plan(M, topk, E, H, inter, sm_count(dev), over, smem_per_sm_kb(dev))
         except ValueError as e:
             _err(f"impl 'cuda_stream': {e}")
         why = _stream_variant_unsupported(plan, w13_scale, w2_scale)
+        if why is not None and "variant" not in (over or {}) and plan["variant"] != 1:
+            plan["variant"] = 1   # the default's shared-memory variant cannot take these scales: the register ring can
+            why = _stream_variant_unsupported(plan, w13_scale, w2_scale)
         if why is not None:
             _err(f"impl 'cuda_stream': {why}")
         _cuda_stream(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, swiglu_limit,

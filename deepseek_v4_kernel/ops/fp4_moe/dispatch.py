@@ -39,8 +39,24 @@ CUDA_STREAM_DEFAULT_SLOTS = 1536
 # 37-48 %, variant 1 35-53 % of the weight floor at 1-256 tokens; 2-5 pending the second GPU round.
 STREAM_VARIANTS = {0: (3, 3, "regs", 1), 1: (2, 4, "regs", 1), 2: (4, 3, "smem", 1), 3: (3, 4, "smem", 1),
                    4: (3, 3, "regs", 2), 5: (3, 4, "smem", 2)}
-# The switch point: the variant the default dispatch runs (the integrator sets the GPU round's winner here).
-STREAM_DEFAULT_VARIANT = 0
+# The default variant (stream_default_variant): the 4-block register ring (1) up to STREAM_SMALL_SLOTS slots, and the
+# 4-block shared-memory ring with two MMA chains (5) above, where a GPU holds 4 of its 52 KB blocks per SM (the
+# H100 / H200's 228 KB; SM120's 100 KB holds one, so it keeps variant 1). H200, I 2048, uint8 scales, 2026-12-02
+# (tools/gpu_fp4_moe.sh), us (x variant 0): 2 / 4 / 8 tokens: v1 80.4 / 138.8 / 293.6 (1.07 / 1.15 / 1.07x);
+# 16 / 32 / 64 / 128 tokens: v5 471.2 / 793.3 / 1263.0 / 1644.8 (1.18 / 1.19 / 1.11 / 1.07x); 1 token: all within
+# 3 % of variant 0 except the smem ones (0.84-0.88x). I 1024 alike (v1 1.08-1.12x at 4-8, v5 1.09-1.19x at 16-64).
+STREAM_SMALL_SLOTS = 48
+STREAM_SMEM_BIG_KB = 4 * 52
+STREAM_DEFAULT_VARIANT = None   # None: stream_default_variant's rule; an int: that variant for every call
+
+
+def stream_default_variant(S: int, smem_per_sm_kb: float = 0.0) -> int:
+    """The variant the default dispatch runs for S slots on a GPU with ``smem_per_sm_kb`` of shared memory per SM."""
+    if STREAM_DEFAULT_VARIANT is not None:
+        return STREAM_DEFAULT_VARIANT
+    if S <= STREAM_SMALL_SLOTS or smem_per_sm_kb < STREAM_SMEM_BIG_KB:
+        return 1
+    return 5
 # Bench-only diagnostics (config={"stream": {"variant": v, "diag": name}}; wrong results by design, uint8 scales
 # only): name -> (code or-ed into the variant, the variants it exists for). "loads": the weight stream with the
 # decode + MMA replaced by an XOR fold (the memory-side ceiling of that variant's load scheme); "compute": decode +
@@ -197,7 +213,8 @@ def stream_wpi(items: int, nsteps: int, total_warps: int, balance: float = STREA
     return w
 
 
-def stream_plan(M: int, topk: int, E: int, H: int, I: int, num_sms: int, overrides=None) -> dict:
+def stream_plan(M: int, topk: int, E: int, H: int, I: int, num_sms: int, overrides=None,
+                smem_per_sm_kb: float = 0.0) -> dict:
     """Launch choices of "cuda_stream" for a call (shapes only): variant, warps per item of each GEMM (wpi1 / wpi2)
     and the grid cap per SM (blocks_per_sm, 0 = the occupancy). ``overrides`` (config={"stream": {...}}) replaces
     any of them, and may name a bench-only diagnostic ("diag": STREAM_DIAGS; then in the plan too)."""
@@ -206,7 +223,7 @@ def stream_plan(M: int, topk: int, E: int, H: int, I: int, num_sms: int, overrid
     if bad:
         raise ValueError(f"stream config keys must be among variant, wpi1, wpi2, blocks_per_sm, balance, diag; "
                          f"got {sorted(bad)}")
-    variant = over.get("variant", STREAM_DEFAULT_VARIANT)
+    variant = over.get("variant", stream_default_variant(M * topk, smem_per_sm_kb))
     if variant not in STREAM_VARIANTS:
         raise ValueError(f"stream variant must be one of {sorted(STREAM_VARIANTS)}, got {variant!r}")
     diag = over.get("diag")

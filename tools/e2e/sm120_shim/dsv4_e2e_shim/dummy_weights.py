@@ -22,6 +22,10 @@ the same name, shape and dtype gets the same values in every setup:
 * bf16 / fp32: norm weights and ``*_scale`` 1; the embedding N(0, 1); the LM heads N(0, (4/sqrt(K))^2), so the logits
   have std ~4 and greedy choices are mostly clear; other matrices N(0, 1/K); other vectors N(0, 0.25);
 * anything else (the int32 hash-routing table, which SGLang fills validly itself, hash_topk.py:79) is left as built.
+* a matrix that is FP8 in the checkpoint but that a setup builds in bf16 (DeepSeek-V4's ``wo_a`` where
+  SGLANG_OPT_FP8_WO_A_GEMM is off, SGLang's SM120 default: it dequantizes the checkpoint's FP8 at load) is filled with
+  the dequantized draw of the FP8 weight and 128x128 block scales a setup that keeps it in FP8 gets under the same
+  names (``fp8_dequantized``), so both setups serve the same model (FP8_IN_CHECKPOINT).
 Everything runs before ``process_weights_after_loading``, which converts the weights for each runner as it would
 a checkpoint's.
 """
@@ -57,6 +61,11 @@ def derived_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+# parameters that are FP8 (e4m3 + 128x128 block scales) in the checkpoint whichever dtype a setup builds them in
+FP8_IN_CHECKPOINT = ("wo_a.weight",)
+FP8_BLOCK = 128
+
+
 def classify(name: str, dtype_name: str, ndim: int) -> str:
     """The fill rule of a parameter, from its name, dtype name (``str(torch.dtype)`` without 'torch.') and rank."""
     leaf = name.rsplit(".", 1)[-1]
@@ -64,6 +73,8 @@ def classify(name: str, dtype_name: str, ndim: int) -> str:
         return "block_scale"
     if dtype_name == "float8_e4m3fn":
         return "fp8_weight"
+    if dtype_name in ("bfloat16", "float16", "float32") and ndim == 2 and name.endswith(FP8_IN_CHECKPOINT):
+        return "fp8_dequantized"
     if dtype_name in ("int8", "uint8") and leaf in ("w13_weight", "w2_weight"):
         return "mxfp4_weight"
     if dtype_name not in ("bfloat16", "float16", "float32"):
@@ -168,8 +179,7 @@ def fill_parameter(model, name: str, param, params: Dict[str, object], seed: int
                     k = weight.shape[-1] * 2
                     base = round(math.log2(1.0 / (E2M1_RMS * math.sqrt(k))))
                 else:
-                    k = weight.shape[-1]
-                    base = round(math.log2(1.0 / math.sqrt(k)))
+                    base = fp8_block_scale_base(weight.shape[-1])
                 exps = torch.empty(view.numel(), dtype=torch.int32, device=device)
                 _fill(exps, gen, lambda n, g: _draw_exponents(n, g, device, base))
                 _write_exponents(view, exps)
@@ -177,6 +187,8 @@ def fill_parameter(model, name: str, param, params: Dict[str, object], seed: int
                 tmp = torch.empty(view.numel(), dtype=torch.float8_e4m3fn, device=device)
                 _fill(tmp, gen, lambda n, g: _draw_fp8(n, g, device))
                 view.copy_(tmp.view(view.shape))
+            elif rule == "fp8_dequantized":
+                view.copy_(dequantized_fp8_draw(name, tuple(view.shape), device, seed).to(view.dtype))
             elif rule == "ones":
                 view.fill_(1.0)
             else:
@@ -187,6 +199,29 @@ def fill_parameter(model, name: str, param, params: Dict[str, object], seed: int
                 _fill(tmp, gen, lambda n, g: torch.randn(n, generator=g, device=device))
                 view.copy_((tmp * std).view(view.shape).to(view.dtype))
     return rule
+
+
+def fp8_block_scale_base(k: int) -> int:
+    """The block-scale exponent around which an FP8 weight of K inputs is drawn (effective std ~1/sqrt(K))."""
+    return round(math.log2(1.0 / math.sqrt(k)))
+
+
+def dequantized_fp8_draw(name: str, shape: Tuple[int, int], device, seed: int):
+    """fp32 values of the FP8 weight ``name`` [N, K] and its ``name + '_scale_inv'`` block scales as the fp8_weight and
+    block_scale rules draw them (same generators, same order), dequantized: w_fp8 * 2^e per 128x128 block."""
+    import torch
+
+    n, k = shape
+    w = torch.empty(n * k, dtype=torch.float8_e4m3fn, device=device)
+    _fill(w, _generator(device, derived_seed(seed, name)), lambda m, g: _draw_fp8(m, g, device))
+    nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+    exps = torch.empty(nb * kb, dtype=torch.int32, device=device)
+    base = fp8_block_scale_base(k)
+    _fill(exps, _generator(device, derived_seed(seed, name + "_scale_inv")),
+          lambda m, g: _draw_exponents(m, g, device, base))
+    scale = torch.exp2(exps.float()).view(nb, kb)
+    full = scale.repeat_interleave(FP8_BLOCK, 0)[:n].repeat_interleave(FP8_BLOCK, 1)[:, :k]
+    return w.view(n, k).float() * full
 
 
 def seeded_dummy_weights(model, low: float = -1e-3, high: float = 1e-3, seed: int = 1234) -> None:
