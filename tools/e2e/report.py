@@ -437,8 +437,10 @@ def recheck(doc: dict, weights: Dict[str, dict], tp: int) -> dict:
     """The checks of a finished e2e.json computed again (after a change of the checks): sessions and comparisons
     as recorded, the weight fingerprints from the run's weight logs."""
     doc = dict(doc)
-    doc["checks"] = checks(doc["sessions"], weights, doc["comparisons"], tp) + \
-        rprof.profile_checks(doc.get("profiles") or {}, doc.get("gpu_fraction") or {})
+    rows = checks(doc["sessions"], weights, doc["comparisons"], tp)
+    if doc.get("forced") and not forced_comparisons(doc["sessions"]):   # the JSON keeps them apart from the sessions
+        rows += forced_checks(doc["forced"])
+    doc["checks"] = rows + rprof.profile_checks(doc.get("profiles") or {}, doc.get("gpu_fraction") or {})
     return doc
 
 
@@ -453,12 +455,26 @@ def main(argv=None) -> int:
     ap.add_argument("e2e_json")
     ap.add_argument("--weights", required=True, help="the run's weight logs (e2e_logs.tar.xz: weights/)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--invalid", action="append", default=[], metavar="CHECK=REASON",
+                    help="a gating check this run cannot decide, and why (e.g. the run served different weights in "
+                         "one setup): recorded in the JSON as invalid_checks; tests/e2e/test_report.py accepts a "
+                         "failed gating check only if it is listed there with its reason")
     args = ap.parse_args(argv)
     with open(args.e2e_json) as f:
         doc = json.load(f)
     weights = {name: run_e2e.weight_fingerprint(os.path.join(args.weights, name))
                for name in sorted(os.listdir(args.weights))}
     doc = recheck(doc, weights, doc["harness"]["tp"])
+    invalid = dict(doc.get("invalid_checks") or {})
+    for item in args.invalid:
+        name, sep, reason = item.partition("=")
+        if not sep or not reason.strip():
+            ap.error(f"--invalid takes CHECK=REASON, got {item!r}")
+        if name not in {c["name"] for c in doc["checks"]}:
+            ap.error(f"--invalid: no check named {name!r} in this run")
+        invalid[name] = reason.strip()
+    if invalid:
+        doc["invalid_checks"] = invalid
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump(doc, f, indent=1)
