@@ -99,7 +99,8 @@ def make_setups(moe_c: str = "marlin", extra_args: Optional[Dict[str, Sequence[s
             "hc_prenorm": "ours (SGLANG_OPT_DEEPGEMM_HC_PRENORM set again in the workers; DeepGEMM's and SGLang's "
                           "wrapper's tf32_hc_prenorm_gemm replaced)",
             "moe": "ours (Fp8MoEMethod.apply on the triton runner)",
-            "fp8_linear": "SGLang's Triton block-FP8 GEMM, as in (a)",
+            "fp8_linear": "ours up to 64 rows (Fp8LinearMethod.apply), SGLang's Triton block-FP8 GEMM above; wo_a kept in "
+                          "FP8 (SGLANG_OPT_FP8_WO_A_GEMM set again in the workers) with its grouped GEMM ours",
         })
     c_moe_args = ("--moe-runner-backend", moe_c)
     c = Setup(
