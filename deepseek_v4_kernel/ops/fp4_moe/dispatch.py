@@ -175,12 +175,9 @@ def _finish_config(c1, c2, I, H):
     return c1, c2
 
 
-def _cuda_decode_unsupported(x, w13, w2, S, H, inter):
-    """Why the compiled decode kernels cannot take this call (None when they can)."""
-    if _interp() or x.device.type != "cuda":
-        return "needs a CUDA device"
-    if S > DECODE_MAX_SLOTS:
-        return f"M * topk = {S} slots > {DECODE_MAX_SLOTS}"
+def _compiled_layout_unsupported(x, w13, w2, H, inter):
+    """Why the compiled decode kernels' layout rules reject these tensors (None when they take them): hidden and I
+    multiples of 128 (whole K steps), 16-byte aligned rows of x, w13 and w2 (their 16-byte loads)."""
     if H % 128 or inter % 128:
         return f"hidden ({H}) and I ({inter}) must be multiples of 128"
     if x.stride(0) % 8 or x.data_ptr() % 16:
@@ -188,6 +185,18 @@ def _cuda_decode_unsupported(x, w13, w2, S, H, inter):
     for name, w in (("w13", w13), ("w2", w2)):
         if w.stride(1) % 16 or w.data_ptr() % 16:
             return f"{name} rows must be 16-byte aligned (strides {w.stride()})"
+    return None
+
+
+def _cuda_decode_unsupported(x, w13, w2, S, H, inter):
+    """Why the compiled decode kernels cannot take this call (None when they can)."""
+    if _interp() or x.device.type != "cuda":
+        return "needs a CUDA device"
+    if S > DECODE_MAX_SLOTS:
+        return f"M * topk = {S} slots > {DECODE_MAX_SLOTS}"
+    why = _compiled_layout_unsupported(x, w13, w2, H, inter)
+    if why is not None:
+        return why
     from deepseek_v4_kernel._ext import has_fp4_moe_decode
     if not has_fp4_moe_decode():
         return "the CUDA extension (_C.so with the fp4_moe kernels) does not load"
@@ -258,13 +267,9 @@ def _cuda_stream_unsupported(x, w13, w2, S, H, inter):
         return f"M * topk = {S} slots > {STREAM_MAX_SLOTS}"
     if w13.shape[0] > STREAM_MAX_EXPERTS:
         return f"E = {w13.shape[0]} experts > {STREAM_MAX_EXPERTS}"
-    if H % 128 or inter % 128:
-        return f"hidden ({H}) and I ({inter}) must be multiples of 128"
-    if x.stride(0) % 8 or x.data_ptr() % 16:
-        return f"hidden_states rows must be 16-byte aligned (stride(0) {x.stride(0)}, data_ptr % 16 {x.data_ptr() % 16})"
-    for name, w in (("w13", w13), ("w2", w2)):
-        if w.stride(1) % 16 or w.data_ptr() % 16:
-            return f"{name} rows must be 16-byte aligned (strides {w.stride()})"
+    why = _compiled_layout_unsupported(x, w13, w2, H, inter)
+    if why is not None:
+        return why
     from deepseek_v4_kernel._ext import has_fp4_moe_stream
     if not has_fp4_moe_stream():
         return "the CUDA extension (_C.so with the fp4_moe streaming kernels) does not load"
