@@ -276,13 +276,13 @@ def test_split_k_rule():
 
 
 def test_stream_default_variant_rule():
-    """The default variant (dispatch.stream_default_variant, measured on an H200): the 4-block register ring up to 48
-    slots (8 tokens at top-6) and wherever shared memory cannot hold four 52 KB blocks per SM (SM120's 100 KB); the
-    4-block shared-memory ring with two MMA chains above 48 slots on 228 KB GPUs (H100 / H200)."""
+    """The default variant (dispatch.stream_default_variant, measured on an H200): the 4-block register ring up to 24
+    slots (4 tokens at top-6) and wherever shared memory cannot hold four 52 KB blocks per SM (SM120's 100 KB); the
+    4-block shared-memory ring with two MMA chains above 24 slots on 228 KB GPUs (H100 / H200)."""
     d = op.dispatch
     assert d.STREAM_DEFAULT_VARIANT is None
-    assert [d.stream_default_variant(S, 228) for S in (6, 48, 49, 96, 1536)] == [1, 1, 5, 5, 5]
-    assert [d.stream_default_variant(S, 100) for S in (6, 48, 49, 1536)] == [1, 1, 1, 1]
+    assert [d.stream_default_variant(S, 228) for S in (6, 24, 25, 48, 1536)] == [1, 1, 5, 5, 5]
+    assert [d.stream_default_variant(S, 100) for S in (6, 24, 25, 1536)] == [1, 1, 1, 1]
     assert d.stream_default_variant(96) == 1                     # unknown shared memory: the small-memory choice
     assert d.stream_plan(16, 6, 256, 4096, 2048, 132, None, 228)["variant"] == 5
     assert d.stream_plan(16, 6, 256, 4096, 2048, 188, None, 100)["variant"] == 1

@@ -26,26 +26,27 @@ CUDA_DECODE_DEFAULT_SLOTS = 192
 # "cuda_stream": the same kernels' inner product on a persistent grid (csrc/fp4_moe/kernel_stream.cuh): at most
 # STREAM_MAX_SLOTS slots and STREAM_MAX_EXPERTS experts (DSV4_FP4_MOE_STREAM_MAX_SLOTS / _EXPERTS, params.h, checked
 # at the C ABI). The default up to CUDA_STREAM_DEFAULT_SLOTS slots (256 tokens at top-6), ahead of "cuda_decode":
-# a prediction from the design (docs/fp4_moe.md sections 3 and 4: no per-block routing, ramp or wave tail; the
-# weight stream runs without a break across work items), pending the GPU round (tools/gpu_fp4_moe.sh times both
-# and the Triton impls at 1-256 tokens).
+# H200, I 2048, uint8 scales (tools/gpu_fp4_moe.sh): the best streaming variant 0.97-1.18x cuda_decode at 1-32
+# tokens (cuda_decode stops at 192 slots) and 1.25-1.51x Triton's dequant (mma.sync) at 64-256 tokens.
 STREAM_MAX_SLOTS = 2048
 STREAM_MAX_EXPERTS = 1024
 CUDA_STREAM_DEFAULT_SLOTS = 1536
 # variant -> (weight steps in the ring, blocks of 128 threads per SM it is built for, weight source, MMA chains per
 # m16 tile); csrc/fp4_moe/fp4_moe.cu, kernel_stream.cuh, kernel_stream_src.cuh. "regs": ld.global.nc into a register
 # ring; "smem": cp.async into a shared-memory ring per warp (2560 B per step and warp: 62 / 52 KB per block with 4 / 3
-# stages, so 3 / 4 blocks per SM on the H200 and 1 on SM120's 100 KB). H200, I 2048 (docs/fp4_moe.md): variant 0
-# 37-48 %, variant 1 35-53 % of the weight floor at 1-256 tokens; 2-5 pending the second GPU round.
+# stages, so 3 / 4 blocks per SM on the H200 and 1 on SM120's 100 KB). H200, I 2048, uint8 scales: 36-48 % (v0),
+# 35-53 % (v1), 30-56 % (v2-v5) of the weight floor at 1-256 tokens (docs/fp4_moe.md section 4).
 STREAM_VARIANTS = {0: (3, 3, "regs", 1), 1: (2, 4, "regs", 1), 2: (4, 3, "smem", 1), 3: (3, 4, "smem", 1),
                    4: (3, 3, "regs", 2), 5: (3, 4, "smem", 2)}
 # The default variant (stream_default_variant): the 4-block register ring (1) up to STREAM_SMALL_SLOTS slots, and the
 # 4-block shared-memory ring with two MMA chains (5) above, where a GPU holds 4 of its 52 KB blocks per SM (the
 # H100 / H200's 228 KB; SM120's 100 KB holds one, so it keeps variant 1). H200, I 2048, uint8 scales, 2026-12-02
-# (tools/gpu_fp4_moe.sh), us (x variant 0): 2 / 4 / 8 tokens: v1 80.4 / 138.8 / 293.6 (1.07 / 1.15 / 1.07x);
-# 16 / 32 / 64 / 128 tokens: v5 471.2 / 793.3 / 1263.0 / 1644.8 (1.18 / 1.19 / 1.11 / 1.07x); 1 token: all within
-# 3 % of variant 0 except the smem ones (0.84-0.88x). I 1024 alike (v1 1.08-1.12x at 4-8, v5 1.09-1.19x at 16-64).
-STREAM_SMALL_SLOTS = 48
+# (tools/gpu_fp4_moe.sh), us (x variant 0): 2 / 4 tokens: v1 80.4 / 138.8 (1.07 / 1.15x); 8 tokens v1 293.6, v5
+# 294.3 (a tie); 16 / 32 / 64 / 128 tokens: v5 471.2 / 793.3 / 1263.0 / 1644.8 (1.18 / 1.19 / 1.11 / 1.07x); 1 token:
+# all within 3 % of variant 0 except the smem ones (0.84-0.88x). I 1024 alike. With float32 scales (what SGLang's
+# Triton-runner method keeps) the register ring slows from 4 tokens on (v1 154.3 / 362.3 us at 4 / 8 tokens, +11 /
+# +23 %) and v5 hardly (163.9 / 310.6, +5 %): so the boundary sits at 4 tokens (24 slots), where both forms agree.
+STREAM_SMALL_SLOTS = 24
 STREAM_SMEM_BIG_KB = 4 * 52
 STREAM_DEFAULT_VARIANT = None   # None: stream_default_variant's rule; an int: that variant for every call
 
