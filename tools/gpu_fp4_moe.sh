@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fp4_moe on the GPU machine (H200), second round: the GPU tests of the streaming kernels' variants (0-5) and of the
+# fp4_moe on the GPU machine (H200): the GPU tests of the streaming kernels' variants (0-5) and of the
 # bench-only diagnostics, then the MoE bench at 1-256 tokens for I = 2048 (and its TP-2 shard 1024 if time is left),
 # printing per size: us and % of the weight-bytes floor per impl, and the diagnostics' ceilings at 1 / 8 / 32 / 128
 # tokens. Bounded: <= 150 s (pytest <= 60 s, benches <= 85 s, each under a timeout and the script's budget).

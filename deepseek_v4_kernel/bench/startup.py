@@ -17,7 +17,8 @@ Each size class those rows fall in is timed at the largest rows the server runs 
 to 64 rows, at wq_b, wo_b and wq_a of the rank). Only ours and the kernel at SGLang's call site (what a hand-back
 runs: ``competitors.sglang_default``; fp8_linear: the block-FP8 function the server resolved, its activation
 quantization included) are timed: the other kernels of the user bench decide nothing here and cost their first
-calls (Triton / DeepGEMM JIT compiles: the first GPU round's 15 s for 2 decisions went there). Order: round-robin
+calls (Triton / DeepGEMM JIT compiles: timing every competitor took 15 s for 2 decisions on an H200, DeepSeek-V4-Flash
+shapes, TP 1). Order: round-robin
 over the ops, each op's classes the most common first (``_by_class``), so a budget that runs out leaves rare classes
 undecided, never a whole op. Bounds: a total budget (DSV4_KERNEL_MEASURE_BUDGET_S, default 25 s), checked before
 each case; each timing is a CUDA-graph replay of a few rotated input sets (``time_rotated``: a 7-replay median,
