@@ -39,7 +39,8 @@ rc=0
 "$PY" -m pytest -ra -q tests "$@" || rc=$?
 [ "$#" -eq 0 ] && [ "${DSV4_TRITON_COMPAT:-1}" != 0 ] || exit $rc
 TRITON_TESTS=(tests/test_indexer_logits.py tests/test_hc_prenorm.py tests/test_hc_prenorm_kernels.py tests/test_hc_prenorm_sums.py
-              tests/test_hc_prenorm_dispatch.py tests/test_fp4_moe.py tests/test_fp4_moe_ids.py tests/test_op_arguments.py)
+              tests/test_hc_prenorm_dispatch.py tests/test_fp4_moe.py tests/test_fp4_moe_dispatch.py
+              tests/test_fp4_moe_gpu.py tests/test_fp4_moe_ids.py tests/test_op_arguments.py)
 site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 for pin in $(grep -oE '^triton==[^[:space:]]+' requirements-triton-compat.txt); do
     venv=.venv-triton/${pin#triton==}

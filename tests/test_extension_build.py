@@ -220,7 +220,7 @@ def test_fp4_moe_e2m1_decode_on_host(tmp_path):
     every byte pair in every position decodes to exactly e2m1 * 2^-126, and a model of one step's K
     permutation (A halves vs the B halves the kernel selects with prmt) gives the exact dot product
     (tests/host/fp4_decode_check.cu); and the streaming kernels' division-free item cursor. The GPU tests of
-    test_fp4_moe.py check the kernels end to end."""
+    test_fp4_moe_gpu.py check the kernels end to end."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC)")

@@ -1,6 +1,6 @@
 """GPU tests of the streaming decode kernels' variants 2-5 (csrc/fp4_moe/kernel_stream.cuh + kernel_stream_src.cuh:
 the cp.async shared-memory weight ring, two MMA chains per tile) and the bench-only diagnostics; variants 0 / 1 are
-tested in test_fp4_moe.py (test_cuda_stream and the routing / scale / graph tests). Every variant against the float64
+tested in test_fp4_moe_gpu.py (test_cuda_stream and the routing / scale / graph tests). Every variant against the float64
 reference (deepseek_v4_kernel/reference/fp4_moe.py, bound 2^-7 A as test_fp4_moe.run_and_check) on fresh random
 inputs, outputs poisoned with NaN first: odd token counts, all tokens on one expert, -1 and out-of-range ids, I = 2048
 / 1024 / 512 / 256, uint8 and float32 scales (bit-identical), swiglu / rsf present and absent, graph capture with new
@@ -12,7 +12,7 @@ import torch
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.ops import fp4_moe as op
 from deepseek_v4_kernel.reference.fp4_moe import fp4_moe_reference
-from test_fp4_moe import STREAM_CASES, _need_cuda_decode, _rand_weights, bound, make_routing, run_and_check
+from fp4_moe_cases import STREAM_CASES, _need_cuda_decode, _rand_weights, bound, make_routing, run_and_check
 
 NEW_VARIANTS = (2, 3, 4, 5)
 

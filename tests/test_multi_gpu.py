@@ -208,7 +208,7 @@ def test_hc_prenorm_few_rows_kernel_on_the_second_gpu(m, num_splits):
 @pytest.mark.parametrize("impl", ["dequant", "cuda_decode", "cuda_stream"])
 @two_gpus
 def test_fp4_moe_both_kernels_on_the_second_gpu(impl):
-    from test_fp4_moe import make_routing, make_weights, run_and_check
+    from fp4_moe_cases import make_routing, make_weights, run_and_check
 
     E, H, I, M = 8, 1024, 512, 5
     w = make_weights(E, H, I, OTHER, torch.float32, seed=3)

@@ -28,7 +28,7 @@ print("library archs", built_archs())
 PY
 
 t0=$(date +%s)
-timeout 60 python3 -m pytest -q -rs tests/test_fp4_moe_stream.py tests/test_fp4_moe.py -p no:cacheprovider \
+timeout 60 python3 -m pytest -q -rs tests/test_fp4_moe_stream.py tests/test_fp4_moe_gpu.py -p no:cacheprovider \
     --durations=8 -k "stream or cuda_decode_routing or scale_range or (graph_capture_replay and default)" \
     --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
 rc_test=$?
