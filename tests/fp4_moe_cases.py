@@ -173,3 +173,27 @@ STREAM_CASES = [
     (256, 1024, 6, 256, 0.0, False, 10.0, 2.5, True),
     (256, 256, 8, 32, 0.05, True, None, 1.5, False),
 ]
+
+
+def capture_and_replay_new_routing(x, w, tw, ids, out, E, k, **kw):
+    """Capture one fp4_moe call (``kw``, writing ``out``) in a CUDA graph on a side stream, then replay it twice with
+    new routing (drops, skew) and activations copied into the same buffers, ``out`` poisoned with NaN each time, and
+    hold every element to the float64 bound (swiglu_limit 10, rsf 1.5 as ``kw`` passes them)."""
+    M, H = x.shape
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            op.fp4_moe(x, *w, tw, ids, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    for seed in (2, 3):
+        tw2, ids2 = make_routing(M, E, k, "cuda", seed=seed, drop=0.2, skew=seed == 3)
+        ids.copy_(ids2), tw.copy_(tw2), x.copy_(torch.randn(M, H, device="cuda").bfloat16())
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = fp4_moe_reference(x, *w, tw, ids, swiglu_limit=10.0, routed_scaling_factor=1.5)
+        A = bound(x, *w, tw, ids, 10.0, 1.5)
+        assert not torch.isnan(out).any()
+        assert ((out.double() - ref).abs() <= 2.0 ** -7 * A + 1e-30).all()

@@ -1,18 +1,16 @@
 """GPU tests of the streaming decode kernels' variants 2-5 (csrc/fp4_moe/kernel_stream.cuh + kernel_stream_src.cuh:
-the cp.async shared-memory weight ring, two MMA chains per tile) and the bench-only diagnostics; variants 0 / 1 are
-tested in test_fp4_moe_gpu.py (test_cuda_stream and the routing / scale / graph tests). Every variant against the float64
-reference (deepseek_v4_kernel/reference/fp4_moe.py, bound 2^-7 A as test_fp4_moe.run_and_check) on fresh random
-inputs, outputs poisoned with NaN first: odd token counts, all tokens on one expert, -1 and out-of-range ids, I = 2048
-/ 1024 / 512 / 256, uint8 and float32 scales (bit-identical), swiglu / rsf present and absent, graph capture with new
-routing per replay; the diagnostics run (finite, every element written, graph-safe) and are refused where they do not
+the cp.async shared-memory weight ring, two MMA chains per tile) and the bench-only diagnostics; every variant's run of
+the stream cases is test_fp4_moe_gpu.py's test_cuda_stream (with the routing / scale / graph tests of variants 0 / 1).
+Here, against the float64 reference (deepseek_v4_kernel/reference/fp4_moe.py, bound 2^-7 A as
+fp4_moe_cases.run_and_check) on fresh random inputs, outputs poisoned with NaN first: all tokens on one expert, -1 and
+out-of-range ids, uint8 and float32 scales (bit-identical), graph capture with new routing per replay; the diagnostics run (finite, every element written, graph-safe) and are refused where they do not
 exist. CPU: the plan's checks only."""
 import pytest
 import torch
 
 from deepseek_v4_kernel.errors import UnsupportedCase
 from deepseek_v4_kernel.ops import fp4_moe as op
-from deepseek_v4_kernel.reference.fp4_moe import fp4_moe_reference
-from fp4_moe_cases import STREAM_CASES, _need_cuda_decode, _rand_weights, bound, make_routing, run_and_check
+from fp4_moe_cases import _need_cuda_decode, _rand_weights, capture_and_replay_new_routing, make_routing, run_and_check
 
 NEW_VARIANTS = (2, 3, 4, 5)
 
@@ -28,29 +26,6 @@ def test_stream_plan_variants_and_diags():
     for bad in ({"variant": 2, "diag": "loads"}, {"variant": 3, "diag": "compute"}, {"diag": "both"}):
         with pytest.raises(ValueError, match="stream diag must be one of"):
             plan(8, 6, 256, 4096, 2048, 132, bad)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", NEW_VARIANTS)
-@pytest.mark.parametrize("case", STREAM_CASES, ids=lambda c: f"M{c[0]}I{c[1]}k{c[2]}E{c[3]}")
-def test_stream_variant(case, variant):
-    """Variants 2-5 on test_fp4_moe's stream cases (every size class, odd M, TP shards, drops, skew, 2048 slots);
-    bit-identical on a second run."""
-    _need_cuda_decode()
-    M, I, k, E, drop, skew, lim, rsf, f32 = case
-    H = 4096
-    w13, s13, w2, s2 = _rand_weights(E, H, I)
-    if f32:
-        s13, s2 = torch.exp2(s13.float() - 127), torch.exp2(s2.float() - 127)
-    tw, ids = make_routing(M, E, k, "cuda", seed=M + I + variant, drop=drop, skew=skew)
-    x = torch.randn(M, H, device="cuda").bfloat16() * (0.5 if lim else 0.1)
-    cfg = {"stream": {"variant": variant}}
-    res = run_and_check(x, (w13, s13, w2, s2), tw, ids, impl="cuda_stream", swiglu_limit=lim, rsf=rsf,
-                        use_out=M % 2 == 1, config=cfg)
-    assert op.LAST_KERNELS["stream"]["variant"] == variant
-    again = op.fp4_moe(x, w13, s13, w2, s2, tw, ids, swiglu_limit=lim, routed_scaling_factor=rsf,
-                       impl="cuda_stream", config=cfg)
-    assert torch.equal(res, again), "not deterministic"
 
 
 @pytest.mark.gpu
@@ -119,23 +94,7 @@ def test_stream_variant_graph_capture(variant):
               config={"stream": {"variant": variant}})
     op.fp4_moe(x, *w, tw, ids, **kw)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g):
-            op.fp4_moe(x, *w, tw, ids, **kw)
-    torch.cuda.current_stream().wait_stream(s)
-    for seed in (2, 3):
-        tw2, ids2 = make_routing(M, E, k, "cuda", seed=seed, drop=0.2, skew=seed == 3)
-        ids.copy_(ids2), tw.copy_(tw2), x.copy_(torch.randn(M, H, device="cuda").bfloat16())
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        ref = fp4_moe_reference(x, *w, tw, ids, swiglu_limit=10.0, routed_scaling_factor=1.5)
-        A = bound(x, *w, tw, ids, 10.0, 1.5)
-        assert not torch.isnan(out).any()
-        assert ((out.double() - ref).abs() <= 2.0 ** -7 * A + 1e-30).all()
+    capture_and_replay_new_routing(x, w, tw, ids, out, E, k, **kw)
 
 
 @pytest.mark.gpu
