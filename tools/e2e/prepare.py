@@ -189,21 +189,11 @@ def stage_prepare(args, paths: st.Paths, sessions: List[str], deadline: float) -
 
 BANDWIDTH_FILE = "copy_bandwidth.json"
 COPY_BANDWIDTH = """
-import json, sys, torch
-n = 1 << 30
-src = torch.empty(n, dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)
-for _ in range(3):
-    dst.copy_(src)
-torch.cuda.synchronize()
-times = []
-for _ in range(10):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record(); dst.copy_(src); b.record(); b.synchronize()
-    times.append(a.elapsed_time(b) / 1e3)
-times.sort()
-print(json.dumps({"bytes_per_s": 2 * n / times[len(times) // 2], "bytes_moved": 2 * n, "median_s": times[len(times) // 2],
-                  "min_s": times[0], "max_s": times[-1], "gpu": torch.cuda.get_device_name(),
-                  "method": "1 GiB torch device copy (read + write bytes over the median of 10 CUDA-event timings)"}))
+import json, torch
+from deepseek_v4_kernel.bench.timing import copy_bw
+print(json.dumps({"bytes_per_s": copy_bw(), "gpu": torch.cuda.get_device_name(),
+                  "method": "deepseek_v4_kernel.bench.timing.copy_bw: a 1 GiB torch device copy, read + write bytes "
+                            "over the median of 10 CUDA-event timings"}))
 """
 
 
@@ -215,7 +205,7 @@ def measure_copy_bandwidth(args) -> Optional[dict]:
             rec = json.load(f)
         log(f"prepare: copy bandwidth {rec['bytes_per_s'] / 1e12:.2f} TB/s (measured earlier)")
         return rec
-    r = subprocess.run([sys.executable, "-c", COPY_BANDWIDTH], capture_output=True, text=True, timeout=180)
+    r = subprocess.run([sys.executable, "-c", COPY_BANDWIDTH], capture_output=True, text=True, timeout=180, cwd=REPO)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode or not lines:
         log(f"prepare: copy bandwidth not measured (rc {r.returncode}): {r.stderr.strip()[-300:]}")

@@ -400,16 +400,21 @@ def _cuda_stream(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, 
     sp.variant, sp.blocks_per_sm = plan["variant"], plan["blocks_per_sm"]
     if plan.get("diag") is not None:
         sp.variant |= STREAM_DIAGS[plan["diag"]][0]
-    lib = load()
+    _run_compiled(load(), "dsv4_fp4_moe_stream", sp, dev, keep, "cuda_stream")
+    LAST_KERNELS["stream"] = dict(plan)
+
+
+def _run_compiled(lib, entry: str, params, dev, keep, impl: str) -> None:
+    """One C-ABI launch of the compiled MoE kernels on the current stream of ``dev`` (``keep``: the tensors the
+    parameter block points at, alive until the call returns), its error raised with the library's message."""
     with torch.cuda.device(dev):
-        rc = lib.dsv4_fp4_moe_stream(sp, torch.cuda.current_stream(dev).cuda_stream)
+        rc = getattr(lib, entry)(params, torch.cuda.current_stream(dev).cuda_stream)
     del keep
     if rc != 0:
         raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
     LAST_KERNELS.clear()
-    LAST_KERNELS["config"] = (None, None, "cuda_stream")
+    LAST_KERNELS["config"] = (None, None, impl)
     LAST_KERNELS["split_k"] = (1, 1)
-    LAST_KERNELS["stream"] = dict(plan)
 
 
 def _cuda_decode(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk):
@@ -427,13 +432,5 @@ def _cuda_decode(x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, 
     p = Fp4MoeDecodeParams()
     keep = _decode_params(p, x, w13, s13, w2, s2, tw, ids, swiglu_limit, rsf, out, M, H, E, inter, topk,
                           h, y, counters)
-    lib = load()
-    with torch.cuda.device(dev):
-        rc = lib.dsv4_fp4_moe_decode(p, torch.cuda.current_stream(dev).cuda_stream)
-    del keep
-    if rc != 0:
-        raise RuntimeError(f"{OP}: CUDA error {rc}: {lib.dsv4_last_error().decode(errors='replace')}")
-    LAST_KERNELS.clear()
-    LAST_KERNELS["config"] = (None, None, "cuda_decode")
-    LAST_KERNELS["split_k"] = (1, 1)
+    _run_compiled(load(), "dsv4_fp4_moe_decode", p, dev, keep, "cuda_decode")
 
